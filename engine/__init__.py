@@ -1,0 +1,1 @@
+"""The serving engine built on the kernels and launchers."""

@@ -1,0 +1,22 @@
+"""The tritonwarm contract: kernels with a launch spec, specialization classes, tracing, targets,
+the warm-up cache."""
+
+from .kernel import JitKernel, Launch, fake_launches, in_fake_mode
+from .specialization import (
+    POINTER_CLASSES,
+    SCALAR_CLASSES,
+    class_reps,
+    fake_tensor,
+    pointer_class,
+    scalar_class,
+    scalar_rep,
+)
+from .targets import TARGETS, Target, resolve_target, resolve_targets, target_driver
+from .trace import Variant, capture, trace_call
+
+__all__ = [
+    "JitKernel", "Launch", "fake_launches", "in_fake_mode",
+    "POINTER_CLASSES", "SCALAR_CLASSES", "class_reps", "fake_tensor", "pointer_class", "scalar_class", "scalar_rep",
+    "TARGETS", "Target", "resolve_target", "resolve_targets", "target_driver",
+    "Variant", "capture", "trace_call",
+]

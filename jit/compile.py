@@ -1,0 +1,44 @@
+"""Compile one traced variant with Triton's own ``JITFunction.preload``, into a given cache dir."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+
+from triton import knobs
+
+from .kernel import JitKernel
+from .targets import Target, target_driver
+from .trace import Variant
+
+
+@contextlib.contextmanager
+def triton_cache_dir(path):
+    """Point this process's Triton at ``path`` for the block; the environment is left untouched."""
+    if path is None:
+        yield
+        return
+    with knobs.cache.scope():
+        knobs.cache.dir = str(path)
+        yield
+
+
+def find_kernel(variant: Variant) -> JitKernel:
+    kernel = JitKernel.lookup(variant.kernel)
+    if kernel is None and variant.import_path:
+        importlib.import_module(variant.import_path.split(":")[0])
+        kernel = JitKernel.lookup(variant.kernel)
+    if kernel is None:
+        raise LookupError(f"kernel {variant.kernel} is not defined by any imported launcher")
+    return kernel
+
+
+def compile_variant(variant: Variant, target: Target, cache_dir=None):
+    """Compile (or find in Triton's disk cache) exactly the request Triton formed while tracing."""
+    kernel = find_kernel(variant)
+    with target_driver(target) as fake, triton_cache_dir(cache_dir):
+        try:
+            compiled = kernel.jit_function.preload(variant.specialization_data)
+        finally:
+            kernel.jit_function.device_caches.pop(fake.device, None)
+    return compiled

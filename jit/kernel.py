@@ -1,0 +1,224 @@
+"""``JitKernel``: one Triton kernel plus its launch spec, the single source of truth for a launch.
+
+A launch spec is a plain function from runtime inputs (tensors, ints, floats) to a ``Launch``: grid,
+kernel arguments, constexprs and options. Calling a ``JitKernel`` always runs its launch spec; what
+happens next depends on the mode the call is made in, and only that last step differs:
+
+- normal: launch on the GPU (or in Triton's interpreter for CPU tensors / ``TRITON_INTERPRET=1``);
+- inside ``fake_launches(capture, target)``: hand the launch to Triton's own binder with
+  ``warmup=True`` under the target-only driver, so Triton computes the key (and compiles, if the
+  capture lets it) exactly as the runtime would — this is how warm-up and tracing run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from triton.runtime.jit import JITFunction
+
+from .specialization import as_kernel_arg
+from .targets import Target, target_driver
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything Triton needs for one launch, as the launch spec decided it."""
+
+    grid: tuple[int, ...]
+    args: tuple  # runtime arguments in the kernel's parameter order (constexprs excluded)
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    num_warps: int | None = None
+    num_stages: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # any other Triton option
+
+    def kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.constexprs)
+        if self.num_warps is not None:
+            kwargs["num_warps"] = self.num_warps
+        if self.num_stages is not None:
+            kwargs["num_stages"] = self.num_stages
+        kwargs.update(self.options)
+        return kwargs
+
+
+class FakeLaunchSink:
+    """Receives each fake launch made inside ``fake_launches``. See ``trace.Capture``."""
+
+    def launch(self, kernel: "JitKernel", launch: Launch, target: Target) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+_fake_mode: contextvars.ContextVar[tuple[FakeLaunchSink, Target] | None] = contextvars.ContextVar(
+    "tritonwarm_fake_mode", default=None
+)
+
+
+@contextlib.contextmanager
+def fake_launches(sink: FakeLaunchSink, target: Target):
+    """Inside this block every ``JitKernel`` call goes to ``sink`` instead of the GPU, for ``target``."""
+    with target_driver(target) as fake_driver:
+        token = _fake_mode.set((sink, target))
+        try:
+            yield fake_driver
+        finally:
+            _fake_mode.reset(token)
+            for kernel in JitKernel.registry():
+                kernel.jit_function.device_caches.pop(fake_driver.device, None)
+
+
+def in_fake_mode() -> bool:
+    """True inside ``fake_launches``: launchers can skip host-side work that needs real data."""
+    return _fake_mode.get() is not None
+
+
+LaunchSpec = Callable[..., Launch]
+
+
+class JitKernel:
+    """A ``@triton.jit`` function and the launch spec that turns runtime inputs into its launch."""
+
+    _registry: "weakref.WeakValueDictionary[str, JitKernel]" = weakref.WeakValueDictionary()
+    _registry_lock = threading.Lock()
+
+    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None):
+        fn = kernel.fn if hasattr(kernel, "fn") else kernel
+        self.fn = fn
+        self.launch_spec = launch_spec
+        self.name = name or f"{fn.__module__}.{fn.__qualname__}"
+        # Whatever TRITON_INTERPRET said at import, keep a compiling JITFunction for warm-up and
+        # GPU launches; the interpreter is built on demand from the same Python function.
+        if isinstance(kernel, JITFunction):
+            self.jit_function = kernel
+        else:
+            self.jit_function = JITFunction(
+                fn,
+                do_not_specialize=getattr(kernel, "kwargs", {}).get("do_not_specialize"),
+                do_not_specialize_on_alignment=getattr(kernel, "kwargs", {}).get("do_not_specialize_on_alignment"),
+            )
+        self._interpreted = None
+        with self._registry_lock:
+            self._registry[self.name] = self
+
+    @classmethod
+    def registry(cls) -> list["JitKernel"]:
+        with cls._registry_lock:
+            return list(cls._registry.values())
+
+    @classmethod
+    def lookup(cls, name: str) -> "JitKernel | None":
+        with cls._registry_lock:
+            return cls._registry.get(name)
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.jit_function.params]
+
+    @property
+    def constexpr_names(self) -> set[str]:
+        return {p.name for p in self.jit_function.params if p.is_constexpr}
+
+    def __repr__(self) -> str:
+        return f"JitKernel({self.name})"
+
+    # ------------------------------------------------------------------ launching
+
+    def __call__(self, *inputs, **kw_inputs):
+        """Run the launch spec, then launch (or, inside ``fake_launches``, hand it to the sink)."""
+        launch = self.launch_spec(*inputs, **kw_inputs)
+        if launch is None:  # the spec decided there is nothing to do (e.g. zero rows)
+            return None
+        mode = _fake_mode.get()
+        if mode is not None:
+            sink, target = mode
+            return sink.launch(self, launch, target)
+        return self.launch(launch)
+
+    def launch(self, launch: Launch):
+        """Launch ``launch`` for real: the GPU, or Triton's interpreter for CPU tensors."""
+        if _wants_interpreter(launch.args):
+            return self._interpreter()[launch.grid](*launch.args, **launch.kwargs())
+        return self.jit_function.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())
+
+    def fake_run(self, launch: Launch):
+        """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
+        args = tuple(as_kernel_arg(a) for a in launch.args)
+        return self.jit_function.run(*args, grid=launch.grid, warmup=True, **launch.kwargs())
+
+    def _interpreter(self):
+        if self._interpreted is None:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            self._interpreted = _InterpreterWithHelpers(InterpretedFunction(self.fn))
+        return self._interpreted
+
+
+def _wants_interpreter(args) -> bool:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return True
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device.type == "cpu"
+    return False
+
+
+_INTERPRETED_TWINS: dict = {}
+
+
+class _InterpreterWithHelpers:
+    """Run an interpreted kernel whose module also holds compiled ``@triton.jit`` helpers.
+
+    With ``TRITON_INTERPRET`` unset at import, helpers are ``JITFunction`` objects that refuse to be
+    called from Python; for the duration of an interpreted launch the kernel's globals see
+    interpreted twins instead. (With ``TRITON_INTERPRET=1`` at import nothing needs swapping.)
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self, interpreted):
+        self.interpreted = interpreted
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            with self._lock, _interpreted_helpers(self.interpreted.fn.__globals__):
+                return self.interpreted[grid](*args, **kwargs)
+
+        return run
+
+
+@contextlib.contextmanager
+def _interpreted_helpers(namespace: dict):
+    """Swap every ``JITFunction`` reachable from ``namespace`` (``tl.sum`` included) for its
+    interpreted twin, then put the originals back."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    with contextlib.suppress(ImportError):  # imported lazily by Triton; it must see the originals
+        import triton.experimental.gluon  # noqa: F401
+
+    swapped = {}
+    pending = [namespace]
+    seen = set()
+    while pending:
+        ns = pending.pop()
+        if id(ns) in seen:
+            continue
+        seen.add(id(ns))
+        for name, value in list(ns.items()):
+            if isinstance(value, JITFunction):
+                swapped[(id(ns), name)] = (ns, name, value)
+                ns[name] = _INTERPRETED_TWINS.setdefault(value, InterpretedFunction(value.fn))
+                pending.append(value.fn.__globals__)
+            elif isinstance(value, types.ModuleType) and value.__name__.startswith("triton.language"):
+                pending.append(vars(value))
+    try:
+        yield
+    finally:
+        for ns, name, value in swapped.values():
+            ns[name] = value

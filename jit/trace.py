@@ -1,0 +1,178 @@
+"""Tracing: run launchers on fake inputs and record the compile keys *Triton itself* computes.
+
+Inside ``capture(target)`` every ``JitKernel`` call goes through Triton's real binder with
+``warmup=True``; ``knobs.runtime.jit_cache_hook`` sees the key and the full compile request
+(Triton's own serialized ``specialization_data``) and answers "skip", so nothing is compiled.
+The recorded request is later compiled with Triton's own ``JITFunction.preload``, so the compiled
+variant is byte for byte the one the runtime asks for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from triton import knobs
+
+from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
+from .targets import Target
+
+
+@dataclass
+class Variant:
+    """One compiled binary the runtime will ask for: a kernel, a target and Triton's key."""
+
+    kernel: str  # JitKernel name (module.qualname)
+    target: str
+    key: str  # Triton's in-memory key, as Triton prints it
+    specialization_data: str  # Triton's own serialized compile request (input of JITFunction.preload)
+    args: dict[str, str]  # parameter -> readable class ("*bf16 aligned", "i32:div16", "=128")
+    num_warps: int
+    num_stages: int
+    cache_hash: str  # sha256 of Triton's disk-cache key: the entry the runtime reads
+    rows: list[str] = field(default_factory=list)  # spec rows that produce it
+    import_path: str = ""  # module to import so that the kernel is defined (worker processes)
+
+    @property
+    def variant_id(self) -> str:
+        """Short, stable name for the CLI: the start of Triton's own disk-cache hash."""
+        return self.cache_hash[:12]
+
+    @property
+    def cache_dir_name(self) -> str:
+        import base64
+
+        return base64.b32encode(bytes.fromhex(self.cache_hash)).decode().rstrip("=")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.variant_id,
+            "kernel": self.kernel,
+            "target": self.target,
+            "key": self.key,
+            "args": self.args,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "cache_hash": self.cache_hash,
+            "rows": self.rows,
+            "import_path": self.import_path,
+            "specialization_data": self.specialization_data,
+        }
+
+
+_hook_lock = threading.RLock()
+
+
+class Capture(FakeLaunchSink):
+    """Collects the variants of every fake launch; deduplicated by (kernel, key)."""
+
+    def __init__(self):
+        self.variants: dict[tuple[str, str], Variant] = {}
+        self.current_row: str | None = None
+        self.import_path: str = ""
+        self.launches = 0
+
+    def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
+        seen: list[dict] = []
+
+        def hook(*, key, fn, compile, **_):
+            seen.append(compile)
+            return True  # never compile while tracing
+
+        with _hook_lock:
+            previous = knobs.runtime.jit_cache_hook
+            knobs.runtime.jit_cache_hook = hook
+            try:
+                kernel.fake_run(launch)
+            finally:
+                knobs.runtime.jit_cache_hook = previous
+        self.launches += 1
+        for request in seen:
+            self._record(kernel, target, request)
+
+    def _record(self, kernel: JitKernel, target: Target, request: dict) -> None:
+        key = str(request["key"])
+        variant = self.variants.get((kernel.name, key))
+        if variant is None:
+            variant = Variant(
+                kernel=kernel.name,
+                target=target.name,
+                key=key,
+                specialization_data=request["specialization_data"],
+                args=readable_args(kernel, request),
+                num_warps=int(request["num_warps"]),
+                num_stages=int(request["num_stages"]),
+                cache_hash=disk_cache_hash(kernel, target, request),
+                import_path=self.import_path,
+            )
+            self.variants[(kernel.name, key)] = variant
+        if self.current_row is not None and self.current_row not in variant.rows:
+            variant.rows.append(self.current_row)
+
+
+@contextlib.contextmanager
+def capture(target: Target):
+    """``with capture(target) as cap: launcher(fake inputs)`` → ``cap.variants``."""
+    cap = Capture()
+    with fake_launches(cap, target):
+        yield cap
+
+
+def trace_call(target: Target, fn: Callable, *args, **kwargs) -> list[Variant]:
+    """The variants one call of a launcher (or a ``JitKernel``) needs on ``target``."""
+    with capture(target) as cap:
+        fn(*args, **kwargs)
+    return list(cap.variants.values())
+
+
+def readable_args(kernel: JitKernel, request: dict) -> dict[str, str]:
+    """Each parameter's class as Triton specialized it, from Triton's own signature and attributes."""
+    signature: dict[str, Any] = request["signature"]
+    constants = {_path(k): v for k, v in request["constants"].items()}
+    attrs = {_path(k): v for k, v in (request["configs"][0] if request["configs"] else {}).items()}
+    constexpr_names = kernel.constexpr_names
+    out = {}
+    for index, (name, ty) in enumerate(signature.items()):
+        divisible = any(a[0] == "tt.divisibility" for a in attrs.get(index, []))
+        if ty == "constexpr":
+            value = constants.get(index)
+            value = getattr(value, "value", value)
+            out[name] = f"={value}" if name in constexpr_names else ("one" if value == 1 else f"={value}")
+        elif isinstance(ty, str) and ty.startswith("*"):
+            out[name] = f"{ty} {'aligned' if divisible else 'unaligned'}"
+        elif ty in ("i32", "i64", "u64"):
+            out[name] = f"{ty}:div16" if divisible else ty
+        else:
+            out[name] = str(ty)
+    return out
+
+
+def _path(key):
+    return key[0] if isinstance(key, tuple) and len(key) == 1 else key
+
+
+def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
+    """The hash naming the disk-cache entry Triton will read or write for this compile request.
+
+    Computed with Triton's own ``get_cache_key`` on the same source object ``_do_compile`` builds,
+    and checked against ``CompiledKernel.hash`` by the tests; it depends on Triton's version, the
+    backend (ptxas / arch), the options and the cache-invalidating environment variables, so a
+    manifest entry whose hash differs from it is stale.
+    """
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import ASTSource, make_backend
+    from triton.runtime.cache import get_cache_key
+
+    data = json.loads(request["specialization_data"])
+    backend = make_backend(target.gpu_target)
+    attrs = request["configs"][0] if request["configs"] else {}
+    src = ASTSource(kernel.jit_function, request["signature"], request["constants"], attrs)
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()}
+    options = backend.parse_options(options)
+    options = backend.parse_options(dict(options.__dict__, **src.parse_options()))
+    key = get_cache_key(src, backend, options, get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()

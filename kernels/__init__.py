@@ -1,0 +1,1 @@
+"""Triton device code (``@triton.jit``), each with a plain PyTorch reference."""

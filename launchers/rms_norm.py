@@ -1,0 +1,50 @@
+"""RMSNorm launcher: shapes and dtypes in, launch spec out."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..jit import JitKernel, Launch
+from ..kernels.rms_norm import rms_norm_kernel
+
+
+def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
+                    residual: torch.Tensor | None = None) -> Launch | None:
+    n_rows, n_cols = x.shape
+    if n_rows == 0:
+        return None
+    block = triton.next_power_of_2(n_cols)
+    num_warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
+    # The token count only sizes the grid, so every batch size shares one binary. Row strides and
+    # the hidden size are per-model constants: specializing them (div-16) pays for itself.
+    return Launch(
+        grid=(n_rows,),
+        args=(x, weight, out, residual,
+              x.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
+              n_cols, float(eps)),
+        constexprs=dict(HAS_RESIDUAL=residual is not None, BLOCK=block),
+        num_warps=num_warps,
+    )
+
+
+rms_norm_jit = JitKernel(rms_norm_kernel, rms_norm_launch)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim with fp32 accumulation; with ``residual``, fused add (in place)."""
+    hidden = x.shape[-1]
+    if weight.shape != (hidden,):
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {hidden}")
+    x2 = x.reshape(-1, hidden)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        res2 = residual.view(-1, hidden)
+        if res2.stride(-1) != 1:
+            raise ValueError("residual must have a unit stride along the hidden dim (it is updated in place)")
+        rms_norm_jit(x2, weight, out, eps, res2)
+        return out.view(x.shape), residual
+    rms_norm_jit(x2, weight, out, eps)
+    return out.view(x.shape)

@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from tritonwarm.jit import fake_tensor
+from tritonwarm.kernels.rms_norm import rms_norm_reference
+from tritonwarm.launchers import rms_norm
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden", [(1, 1), (1, 7), (3, 100), (5, 5120), (2, 7168)])
+def test_matches_reference(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * 10007 + hidden)
+    x = torch.randn(rows, hidden, generator=g).to(dtype)
+    w = torch.randn(hidden, generator=g).to(dtype)
+    torch.testing.assert_close(rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_residual_updates_in_place(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 96, generator=g).to(dtype)
+    w = torch.randn(96, generator=g).to(dtype)
+    residual = torch.randn(4, 96, generator=g).to(dtype)
+    expected_out, expected_residual = rms_norm_reference(x, w, 1e-5, residual=residual.clone())
+    out, res = rms_norm(x, w, 1e-5, residual=residual)
+    assert res.data_ptr() == residual.data_ptr()
+    # Triton's interpreter rounds fp32 -> bf16 toward zero (the GPU rounds to nearest even), so
+    # allow one bf16 ulp there; fp32 and fp16 must match exactly.
+    exact = 0 if dtype != torch.bfloat16 else 2**-7
+    torch.testing.assert_close(res, expected_residual, atol=0, rtol=exact)
+    torch.testing.assert_close(out, expected_out, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def test_strided_rows():
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(6, 160, generator=g)
+    x = base[:, :100]  # row stride 160 > hidden 100
+    w = torch.randn(100, generator=g)
+    torch.testing.assert_close(rms_norm(x, w), rms_norm_reference(x, w))
+
+
+def test_inf_propagates_and_zero_row_is_finite():
+    x = torch.zeros(2, 33)
+    x[1, 3] = float("inf")
+    out = rms_norm(x, torch.ones(33))
+    assert torch.isfinite(out[0]).all() and (out[0] == 0).all()
+    assert not torch.isfinite(out[1]).all()
+
+
+def test_zero_rows_launch_nothing():
+    assert rms_norm(torch.empty(0, 64), torch.ones(64)).shape == (0, 64)
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+def test_compiles(compile_call, target):
+    x = fake_tensor((8, 4096), torch.bfloat16)
+    w = fake_tensor((4096,), torch.bfloat16)
+    [(variant, _)] = compile_call(target, rms_norm, x, w, 1e-6)
+    assert variant.args["x_ptr"] == "*bf16 aligned"
+    assert variant.args["BLOCK"] == "=4096"
