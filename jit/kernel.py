@@ -172,6 +172,30 @@ def _wants_interpreter(args) -> bool:
 _INTERPRETED_TWINS: dict = {}
 
 
+def _scoped_interpreted_function(fn):
+    """An interpreted device function that undoes its language patches when it returns.
+
+    Triton's own ``InterpretedFunction.__call__`` patches ``triton.language`` for the interpreter and
+    never restores it, which would break every later compile in the same process.
+    """
+    from triton.runtime.errors import InterpreterError
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+
+    class ScopedInterpretedFunction(InterpretedFunction):
+        def __call__(self, *args, **kwargs):
+            scope = _patch_lang(self.fn)
+            try:
+                return self.rewrite()(*args, **kwargs)
+            except InterpreterError:
+                raise
+            except Exception as e:
+                raise InterpreterError(repr(e)) from e
+            finally:
+                scope.restore()
+
+    return ScopedInterpretedFunction(fn)
+
+
 class _InterpreterWithHelpers:
     """Run an interpreted kernel whose module also holds compiled ``@triton.jit`` helpers.
 
@@ -197,8 +221,6 @@ class _InterpreterWithHelpers:
 def _interpreted_helpers(namespace: dict):
     """Swap every ``JITFunction`` reachable from ``namespace`` (``tl.sum`` included) for its
     interpreted twin, then put the originals back."""
-    from triton.runtime.interpreter import InterpretedFunction
-
     with contextlib.suppress(ImportError):  # imported lazily by Triton; it must see the originals
         import triton.experimental.gluon  # noqa: F401
 
@@ -213,7 +235,9 @@ def _interpreted_helpers(namespace: dict):
         for name, value in list(ns.items()):
             if isinstance(value, JITFunction):
                 swapped[(id(ns), name)] = (ns, name, value)
-                ns[name] = _INTERPRETED_TWINS.setdefault(value, InterpretedFunction(value.fn))
+                if value not in _INTERPRETED_TWINS:
+                    _INTERPRETED_TWINS[value] = _scoped_interpreted_function(value.fn)
+                ns[name] = _INTERPRETED_TWINS[value]
                 pending.append(value.fn.__globals__)
             elif isinstance(value, types.ModuleType) and value.__name__.startswith("triton.language"):
                 pending.append(vars(value))
