@@ -18,6 +18,8 @@ I32 = (-(2**31), 2**31 - 1)
 I64 = (-(2**63), 2**63 - 1)
 U64 = (2**63, 2**64 - 1)
 _WIDTHS = (("i32", I32), ("i64", I64), ("u64", U64))
+# The same widths as disjoint intervals, in ascending order (i64 minus i32 is two pieces).
+_DISJOINT_WIDTHS = (("i64", (I64[0], I32[0] - 1)), ("i32", I32), ("i64", (I32[1] + 1, I64[1])), ("u64", U64))
 
 SCALAR_CLASSES = ("one", "i32:div16", "i32", "i64:div16", "i64", "u64:div16", "u64")
 _CANONICAL_REP = {
@@ -76,16 +78,16 @@ def class_reps(lo: int, hi: int) -> dict[str, int]:
     reps: dict[str, int] = {}
     if lo <= 1 <= hi:
         reps["one"] = 1
-    for name, (wlo, whi) in _WIDTHS:
+    for name, (wlo, whi) in _DISJOINT_WIDTHS:
         a, b = max(lo, wlo), min(hi, whi)
         if a > b:
             continue
         first_div16 = a + (-a) % 16
-        if first_div16 <= b:
+        if first_div16 <= b and f"{name}:div16" not in reps:
             reps[f"{name}:div16"] = first_div16
         # smallest value in [a, b] that is neither 1 nor a multiple of 16
         for candidate in range(a, min(b, a + 18) + 1):
-            if candidate != 1 and candidate % 16 != 0:
+            if candidate != 1 and candidate % 16 != 0 and name not in reps:
                 reps[name] = candidate
                 break
     return {cls: reps[cls] for cls in SCALAR_CLASSES if cls in reps}

@@ -36,6 +36,7 @@ class Variant:
     cache_hash: str  # sha256 of Triton's disk-cache key: the entry the runtime reads
     rows: list[str] = field(default_factory=list)  # spec rows that produce it
     import_path: str = ""  # module to import so that the kernel is defined (worker processes)
+    entry_name: str = ""  # the kernel function's name: Triton names the entry's files after it
 
     @property
     def variant_id(self) -> str:
@@ -60,6 +61,7 @@ class Variant:
             "cache_hash": self.cache_hash,
             "rows": self.rows,
             "import_path": self.import_path,
+            "entry_name": self.entry_name,
             "specialization_data": self.specialization_data,
         }
 
@@ -74,6 +76,7 @@ class Capture(FakeLaunchSink):
         self.variants: dict[tuple[str, str], Variant] = {}
         self.current_row: str | None = None
         self.import_path: str = ""
+        self.row_keys: dict[str, set[str]] = {}  # row label -> cache hashes it launches
         self.launches = 0
 
     def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
@@ -108,10 +111,13 @@ class Capture(FakeLaunchSink):
                 num_stages=int(request["num_stages"]),
                 cache_hash=disk_cache_hash(kernel, target, request),
                 import_path=self.import_path,
+                entry_name=kernel.fn.__name__,
             )
             self.variants[(kernel.name, key)] = variant
-        if self.current_row is not None and self.current_row not in variant.rows:
-            variant.rows.append(self.current_row)
+        if self.current_row is not None:
+            self.row_keys.setdefault(self.current_row, set()).add(variant.cache_hash)
+            if self.current_row not in variant.rows:
+                variant.rows.append(self.current_row)
 
 
 @contextlib.contextmanager

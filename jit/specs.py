@@ -1,0 +1,435 @@
+"""Specialization sets: ``warmup_specs/*.yaml`` → validated specs → rows → launcher arguments.
+
+A spec names a launcher, declares axes (value lists, integer ranges, zipped groups), an optional
+filter, and the launcher's arguments as expressions over the axes. Everything is validated before
+anything is traced or compiled; an error names the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import itertools
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .specialization import class_reps, fake_tensor, scalar_class
+from .targets import Target
+
+TOP_LEVEL_FIELDS = {"kernel", "description", "targets", "axes", "groups", "filter", "args"}
+RANGE_FIELDS = {"range", "step", "collapse"}
+TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
+MAX_ENUMERATED_RANGE = 4096
+
+
+class SpecError(ValueError):
+    """A bad spec: ``file:line: field: message`` on one line."""
+
+    def __init__(self, file, line: int | None, field: str, message: str):
+        self.file, self.line, self.field = str(file), line, field
+        where = f"{self.file}:{line}" if line else self.file
+        super().__init__(f"{where}: {field}: {message}")
+
+
+# --------------------------------------------------------------------------- YAML with line numbers
+
+
+class _Located:
+    """YAML → plain Python values plus the line of every path, for error messages."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        self.lines: dict[tuple, int] = {}
+        self._loader = yaml.SafeLoader("")  # only its scalar constructors are used
+
+    def convert(self, node: yaml.Node, path: tuple) -> Any:
+        self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            out = {}
+            for key_node, value_node in node.value:
+                key = key_node.value
+                if key in out:
+                    raise SpecError(self.file, key_node.start_mark.line + 1, ".".join(map(str, path + (key,))),
+                                    "duplicate key")
+                self.lines[path + (key,)] = key_node.start_mark.line + 1  # errors point at the field name
+                out[key] = self.convert(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.convert(v, path + (i,)) for i, v in enumerate(node.value)]
+        return self._loader.construct_object(node, deep=True)
+
+    def line(self, path: tuple) -> int | None:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path)
+
+    def error(self, path: tuple, message: str) -> SpecError:
+        return SpecError(self.file, self.line(path), ".".join(map(str, path)) or "<spec>", message)
+
+
+# --------------------------------------------------------------------------- expressions
+
+_ALLOWED_NODES = (
+    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.IfExp, ast.Call, ast.Name, ast.Load,
+    ast.Constant, ast.Tuple, ast.List, ast.And, ast.Or, ast.Not, ast.Add, ast.Sub, ast.Mult, ast.Div,
+    ast.FloorDiv, ast.Mod, ast.Pow, ast.USub, ast.UAdd, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE,
+    ast.In, ast.NotIn,
+)
+_FUNCTIONS = {"min": min, "max": max, "abs": abs, "int": int,
+              "cdiv": lambda a, b: -(-a // b), "next_power_of_2": lambda n: 1 << max(int(n) - 1, 0).bit_length()}
+
+
+class Expr:
+    """A small, safe Python expression over axis names (``$2 * hidden``, filters)."""
+
+    def __init__(self, text: str, names: set[str], where: SpecError):
+        self.text = text
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as e:
+            raise SpecError(where.file, where.line, where.field, f"bad expression {text!r}: {e.msg}") from None
+        for node in ast.walk(tree):
+            if not isinstance(node, _ALLOWED_NODES):
+                raise SpecError(where.file, where.line, where.field,
+                                f"{type(node).__name__} is not allowed in expression {text!r}")
+            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
+                raise SpecError(where.file, where.line, where.field,
+                                f"only {', '.join(_FUNCTIONS)} may be called in {text!r}")
+            if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
+                raise SpecError(where.file, where.line, where.field, f"unknown axis {node.id!r} in {text!r}")
+        self.code = compile(tree, "<spec>", "eval")
+
+    def __call__(self, row: dict[str, Any]) -> Any:
+        return eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, dict(row))  # noqa: S307 (validated AST)
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+@dataclass
+class Axis:
+    name: str
+    values: list[Any]
+    collapsed_range: tuple[int, int] | None = None  # (lo, hi) when the values are class representatives
+    line: int | None = None
+
+
+@dataclass
+class Row:
+    label: str
+    values: dict[str, Any]
+
+
+@dataclass
+class Spec:
+    file: Path
+    index: int  # YAML document number in the file
+    kernel_path: str
+    description: str
+    targets: list[str]
+    axes: list[Axis]
+    groups: list[list[Axis]]
+    filter: Expr | None
+    args: Any  # dict or list of arg templates
+    launcher: Any = field(repr=False, default=None)
+    lines: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.file.name if self.index == 0 else f"{self.file.name}[{self.index}]"
+
+    def applies_to(self, target: Target) -> bool:
+        return not self.targets or target.name in self.targets or target.backend in self.targets
+
+    def rows(self) -> list[Row]:
+        factors: list[list[dict[str, Any]]] = [[{a.name: v} for v in a.values] for a in self.axes]
+        for group in self.groups:
+            factors.append([{a.name: a.values[i] for a in group} for i in range(len(group[0].values))])
+        rows = []
+        for combo in itertools.product(*factors):
+            values: dict[str, Any] = {}
+            for part in combo:
+                values.update(part)
+            if self.filter is not None and not self.filter(values):
+                continue
+            shown = ", ".join(f"{k}={v}" for k, v in values.items())
+            rows.append(Row(f"{self.name}#{len(rows)} ({shown})", values))
+        return rows
+
+    def collapsed_axes(self) -> list[Axis]:
+        return [a for a in self.axes if a.collapsed_range is not None]
+
+    def call_arguments(self, row: dict[str, Any]) -> tuple[tuple, dict]:
+        """The launcher's (args, kwargs) for one row: meta tensors, dtypes and evaluated scalars."""
+        built = _build(self.args, row)
+        return (tuple(built), {}) if isinstance(built, list) else ((), built)
+
+    def collapse_samples(self, axis: Axis, value: int, seed: int) -> list[int]:
+        """Other values of ``axis`` in ``value``'s class, to check the collapse is sound."""
+        lo, hi = axis.collapsed_range
+        cls = scalar_class(value)
+        candidates = {lo, hi, lo + 1, hi - 1, hi - 16, (lo + hi) // 2}
+        candidates |= {1 << k for k in range(max(lo, 1).bit_length(), hi.bit_length() + 1)}
+        rng = random.Random(seed)
+        candidates |= {rng.randint(lo, hi) for _ in range(4)}
+        same = sorted(c for c in candidates if lo <= c <= hi and c != value and scalar_class(c) == cls)
+        if len(same) > 4:  # ends of the class range plus two in between
+            same = [same[0], same[len(same) // 3], same[2 * len(same) // 3], same[-1]]
+        return same
+
+
+class _TensorArg:
+    def __init__(self, shape, dtype, stride, aligned, when):
+        self.shape, self.dtype, self.stride, self.aligned, self.when = shape, dtype, stride, aligned, when
+
+
+class _DtypeArg:
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+
+def _build(template, row):
+    if isinstance(template, Expr):
+        return template(row)
+    if isinstance(template, _TensorArg):
+        if not _build(template.when, row):
+            return None
+        dtype = _dtype(_build(template.dtype, row))
+        shape = [int(_build(s, row)) for s in template.shape]
+        stride = None if template.stride is None else [int(_build(s, row)) for s in template.stride]
+        return fake_tensor(shape, dtype, stride=stride, aligned=bool(_build(template.aligned, row)))
+    if isinstance(template, _DtypeArg):
+        return _dtype(_build(template.dtype, row))
+    if isinstance(template, list):
+        return [_build(t, row) for t in template]
+    if isinstance(template, dict):
+        return {k: _build(v, row) for k, v in template.items()}
+    return template
+
+
+def _dtype(value):
+    if isinstance(value, torch.dtype):
+        return value
+    dtype = getattr(torch, str(value), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {value!r}")
+    return dtype
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def load_spec_file(path: str | Path) -> list[Spec]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(path, None, "<file>", e.strerror or str(e)) from None
+    try:
+        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise SpecError(path, mark.line + 1 if mark else None, "<yaml>",
+                        str(getattr(e, "problem", None) or e)) from None
+    specs = []
+    for index, node in enumerate(d for d in documents if d is not None):
+        located = _Located(path)
+        data = located.convert(node, ())
+        specs.append(_parse(path, index, data, located))
+    if not specs:
+        raise SpecError(path, None, "<file>", "no specialization set in file")
+    return specs
+
+
+def find_spec_files(paths: list[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files.extend(sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise SpecError(p, None, "<file>", "no such file or directory")
+    return files
+
+
+def load_specs(paths: list[str | Path]) -> list[Spec]:
+    return [spec for f in find_spec_files(paths) for spec in load_spec_file(f)]
+
+
+def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
+    if not isinstance(data, dict):
+        raise loc.error((), "a specialization set must be a mapping")
+    for key in data:
+        if key not in TOP_LEVEL_FIELDS:
+            raise loc.error((key,), f"unknown field (expected one of {', '.join(sorted(TOP_LEVEL_FIELDS))})")
+    kernel_path = data.get("kernel")
+    if not isinstance(kernel_path, str):
+        raise loc.error(("kernel",) if "kernel" in data else (), "required: the launcher as 'module:attribute'")
+    launcher = _import_launcher(kernel_path, loc)
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise loc.error(("description",), "must be a string")
+    targets = data.get("targets", [])
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise loc.error(("targets",), "must be a list of backends (cuda, hip) or target names")
+    from .targets import TARGETS
+
+    for i, t in enumerate(targets):
+        if t not in ("cuda", "hip") and t not in TARGETS:
+            raise loc.error(("targets", i), f"unknown target {t!r}: choose cuda, hip or one of {', '.join(TARGETS)}")
+
+    axes = [_parse_axis(name, value, ("axes", name), loc) for name, value in _mapping(data, "axes", loc).items()]
+    groups = []
+    for gname, members in _mapping(data, "groups", loc).items():
+        if not isinstance(members, dict) or not members:
+            raise loc.error(("groups", gname), "a group maps axis names to lists of equal length")
+        group = []
+        for name, values in members.items():
+            if not isinstance(values, list) or not values:
+                raise loc.error(("groups", gname, name), "must be a non-empty list")
+            group.append(Axis(name, values, line=loc.line(("groups", gname, name))))
+        lengths = {len(a.values) for a in group}
+        if len(lengths) != 1:
+            raise loc.error(("groups", gname), f"zipped lists differ in length: {sorted(lengths)}")
+        groups.append(group)
+
+    names: list[str] = [a.name for a in axes] + [a.name for g in groups for a in g]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise loc.error(("groups",), f"axis defined twice: {', '.join(sorted(dupes))}")
+    known = set(names)
+
+    filter_expr = None
+    if "filter" in data:
+        if not isinstance(data["filter"], str):
+            raise loc.error(("filter",), "must be an expression string")
+        filter_expr = Expr(data["filter"], known, loc.error(("filter",), ""))
+
+    if "args" not in data:
+        raise loc.error((), "required field 'args' is missing")
+    args = data["args"]
+    if not isinstance(args, (dict, list)):
+        raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
+    args = _parse_template(args, ("args",), known, loc)
+    spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher, loc.lines)
+    if not spec.rows():
+        raise loc.error(("filter",) if filter_expr else (), "the spec has no rows")
+    return spec
+
+
+def _mapping(data, key, loc) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise loc.error((key,), "must be a mapping")
+    return value
+
+
+def _parse_axis(name: str, value: Any, path: tuple, loc: _Located) -> Axis:
+    line = loc.line(path)
+    if isinstance(value, list):
+        if not value:
+            raise loc.error(path, "empty value list")
+        return Axis(name, value, line=line)
+    if not isinstance(value, dict) or "range" not in value:
+        raise loc.error(path, "an axis is a list of values or {range: [lo, hi], step: N | collapse: true}")
+    for key in value:
+        if key not in RANGE_FIELDS:
+            raise loc.error(path + (key,), f"unknown field (expected one of {', '.join(sorted(RANGE_FIELDS))})")
+    bounds = value["range"]
+    if (not isinstance(bounds, list) or len(bounds) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)):
+        raise loc.error(path + ("range",), "must be [lo, hi], two integers")
+    lo, hi = bounds
+    if lo > hi:
+        raise loc.error(path + ("range",), f"empty range: {lo} > {hi}")
+    collapse = value.get("collapse", False)
+    if not isinstance(collapse, bool):
+        raise loc.error(path + ("collapse",), "must be true or false")
+    step = value.get("step", 1)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise loc.error(path + ("step",), "must be a positive integer")
+    if collapse:
+        if "step" in value:
+            raise loc.error(path + ("step",), "a collapsed range takes no step: it keeps one value per class")
+        try:
+            reps = class_reps(lo, hi)
+        except ValueError as e:
+            raise loc.error(path + ("range",), str(e)) from None
+        return Axis(name, list(reps.values()), collapsed_range=(lo, hi), line=line)
+    values = list(range(lo, hi + 1, step))
+    if len(values) > MAX_ENUMERATED_RANGE:
+        raise loc.error(path + ("range",), f"{len(values)} values to enumerate: add a step, or collapse: true "
+                                             "if the value reaches the kernel only as a runtime scalar")
+    return Axis(name, values, line=line)
+
+
+def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
+    if isinstance(value, str) and value.startswith("$"):
+        return Expr(value[1:], names, loc.error(path, ""))
+    if isinstance(value, list):
+        return [_parse_template(v, path + (i,), names, loc) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if "tensor" in value:
+            for key in value:
+                if key not in TENSOR_FIELDS:
+                    raise loc.error(path + (key,), f"unknown tensor field (expected {', '.join(sorted(TENSOR_FIELDS))})")
+            shape = value["tensor"]
+            if not isinstance(shape, list):
+                raise loc.error(path + ("tensor",), "the shape must be a list")
+            if "dtype" not in value:
+                raise loc.error(path, "a tensor needs a dtype")
+            stride = value.get("stride")
+            if stride is not None and (not isinstance(stride, list) or len(stride) != len(shape)):
+                raise loc.error(path + ("stride",), "must be a list as long as the shape")
+            aligned = value.get("aligned", True)
+            tensor = _TensorArg(
+                [_parse_template(s, path + ("tensor", i), names, loc) for i, s in enumerate(shape)],
+                _parse_dtype(value["dtype"], path + ("dtype",), names, loc),
+                None if stride is None else [_parse_template(s, path + ("stride", i), names, loc)
+                                             for i, s in enumerate(stride)],
+                _parse_template(aligned, path + ("aligned",), names, loc),
+                _parse_template(value.get("when", True), path + ("when",), names, loc),
+            )
+            for i, s in enumerate(tensor.shape):
+                if not isinstance(s, (int, Expr)) or isinstance(s, bool):
+                    raise loc.error(path + ("tensor", i), f"a dimension must be an int or $expression, not {s!r}")
+            if not isinstance(tensor.aligned, (bool, Expr)):
+                raise loc.error(path + ("aligned",), "must be true, false or a $expression")
+            return tensor
+        if set(value) == {"dtype"}:
+            return _DtypeArg(_parse_dtype(value["dtype"], path + ("dtype",), names, loc))
+        return {k: _parse_template(v, path + (k,), names, loc) for k, v in value.items()}
+    return value
+
+
+def _parse_dtype(value, path, names, loc):
+    if isinstance(value, str) and value.startswith("$"):
+        return Expr(value[1:], names, loc.error(path, ""))
+    try:
+        return _dtype(value)
+    except ValueError:
+        raise loc.error(path, f"unknown dtype {value!r} (a torch dtype name, e.g. bfloat16)") from None
+
+
+def _import_launcher(kernel_path: str, loc: _Located):
+    module_name, _, attr = kernel_path.partition(":")
+    if not module_name or not attr:
+        raise loc.error(("kernel",), f"{kernel_path!r} is not 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise loc.error(("kernel",), f"cannot import {module_name!r}: {e}") from None
+    launcher = module
+    for part in attr.split("."):
+        launcher = getattr(launcher, part, None)
+        if launcher is None:
+            raise loc.error(("kernel",), f"unknown kernel: {module_name!r} has no {attr!r}")
+    if not callable(launcher):
+        raise loc.error(("kernel",), f"{kernel_path!r} is not callable")
+    return launcher

@@ -1,0 +1,198 @@
+"""End to end: spec → trace → warm into Triton's cache for real targets → Triton's own runtime
+path finds every entry (counted at the compiler, not read from our manifest) → check."""
+
+import json
+import os
+import shutil
+import textwrap
+
+import pytest
+import torch
+from triton import knobs
+from triton.compiler import compiler as triton_compiler
+
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.cache import Manifest, entry_files
+from tritonwarm.jit.compile import triton_cache_dir
+from tritonwarm.jit.kernel import Launch
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.targets import target_driver
+from tritonwarm.jit.warmup import check, plan, warm
+from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: {range: [1, 4096], collapse: true}
+  fused: [false, true]
+args:
+  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
+  weight: {tensor: [4096], dtype: bfloat16}
+  eps: 1.0e-6
+  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
+"""
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "rms.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+class CompileCounter:
+    """Counts real compilations: Triton builds the IR only when its disk cache misses."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        original = triton_compiler.ASTSource.make_ir
+
+        def counting_make_ir(src, *args, **kwargs):
+            self.count += 1
+            return original(src, *args, **kwargs)
+
+        monkeypatch.setattr(triton_compiler.ASTSource, "make_ir", counting_make_ir)
+
+
+def runtime_launch(target, cache_dir, rows, fused):
+    """What a serving process does for this call: Triton's JITFunction.run, fresh in-memory caches."""
+    x = fake_tensor((rows, 4096), torch.bfloat16)
+    launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((rows, 4096), torch.bfloat16),
+                             1e-6, fake_tensor((rows, 4096), torch.bfloat16) if fused else None)
+    assert knobs.runtime.jit_cache_hook is None
+    with target_driver(target) as fake, triton_cache_dir(cache_dir):
+        try:
+            return rms_norm_jit.fake_run(launch)
+        finally:
+            rms_norm_jit.jit_function.device_caches.pop(fake.device, None)
+
+
+@pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
+def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_file, monkeypatch, target_name):
+    target = TARGETS[target_name]
+    cache_dir = tmp_path / "cache"
+    the_plan = plan(load_specs([spec_file]), target)
+    assert len(the_plan.variants) == 2 and not the_plan.collapse_errors and not the_plan.unreachable
+    result = warm(the_plan, cache_dir)
+    assert (result.planned, result.compiled, result.failed) == (2, 2, 0)
+    for variant in the_plan.variants.values():
+        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        binary = [p for n, p in files.items() if n.endswith("." + target.binary_ext)]
+        assert binary and os.path.getsize(binary[0]) > 1000
+
+    counter = CompileCounter(monkeypatch)
+    for rows in (1, 2, 16, 37, 4096, 3000):  # batch sizes the spec never named
+        for fused in (False, True):
+            kernel = runtime_launch(target, cache_dir, rows, fused)
+            assert kernel.hash in the_plan.variants
+    assert counter.count == 0
+
+    # control: the same runtime path against an empty cache does compile (the counter works)
+    runtime_launch(target, tmp_path / "empty", 5, False)
+    assert counter.count == 1
+
+
+def test_second_warm_compiles_nothing_and_check_is_clean(tmp_path, spec_file):
+    target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
+    specs = load_specs([spec_file])
+    assert check(plan(specs, target), cache_dir).missing  # cold
+    first = warm(plan(specs, target), cache_dir)
+    second = warm(plan(specs, target), cache_dir)
+    assert first.compiled == 2 and (second.compiled, second.cached) == (0, 2)
+    report = check(plan(specs, target), cache_dir)
+    assert report.ok, report.to_json()
+    entries = Manifest(cache_dir, "sm90").read()
+    assert len(entries) == 2
+    for entry in entries.values():
+        assert entry["triton_version"] and entry["env"] is not None and entry["files"]
+        assert entry["resources"]["registers"] > 0  # read offline from the cubin
+        assert entry["rows"]
+
+
+def test_stale_and_corrupt_entries_are_reported_and_repaired(tmp_path, spec_file):
+    target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
+    specs = load_specs([spec_file])
+    the_plan = plan(specs, target)
+    warm(the_plan, cache_dir)
+    variant = next(iter(the_plan.variants.values()))
+    cubin = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)[f"{variant.entry_name}.cubin"]
+    with open(cubin, "r+b") as f:  # flip bytes in the middle of the binary
+        f.seek(200)
+        f.write(b"\xde\xad\xbe\xef")
+    report = check(the_plan, cache_dir)
+    assert [c["id"] for c in report.corrupt] == [variant.variant_id] and not report.ok
+    repaired = warm(plan(specs, target), cache_dir)
+    assert repaired.repaired == 1
+    assert check(plan(specs, target), cache_dir).ok
+
+    manifest = Manifest(cache_dir, "sm90")
+    entry = manifest.read()[variant.cache_hash]
+    manifest.update({variant.cache_hash: {**entry, "triton_version": "0.0.1"}})
+    stale = check(plan(specs, target), cache_dir).stale
+    assert stale and "Triton 0.0.1" in stale[0]["why"]
+
+
+def test_killed_midway_entry_reads_as_missing_and_is_rebuilt(tmp_path, spec_file):
+    target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
+    specs = load_specs([spec_file])
+    warm(plan(specs, target), cache_dir)
+    variant = next(iter(plan(specs, target).variants.values()))
+    # what a kill between Triton's file writes leaves: files without their group
+    group = cache_dir / variant.cache_dir_name / f"__grp__{variant.entry_name}.json"
+    group.unlink()
+    assert [m["id"] for m in check(plan(specs, target), cache_dir).missing] == [variant.variant_id]
+    again = warm(plan(specs, target), cache_dir)
+    assert (again.compiled, again.cached) == (1, 1)
+
+
+def test_collapsing_an_axis_that_picks_a_constexpr_is_caught(tmp_path):
+    # hidden picks BLOCK (next power of two): collapsing it would warm BLOCK=16 for 4096 (vLLM #53567)
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent("""
+        kernel: tritonwarm.launchers.rms_norm:rms_norm
+        axes:
+          hidden: {range: [1, 8192], collapse: true}
+        args:
+          x: {tensor: [4, $hidden], dtype: float16}
+          weight: {tensor: [$hidden], dtype: float16}
+    """))
+    the_plan = plan(load_specs([path]), TARGETS["sm90"])
+    assert the_plan.collapse_errors
+    assert f"{path}:4: axes.hidden: collapse: true is unsound" in the_plan.collapse_errors[0]
+
+
+def test_rows_that_launch_nothing_are_unreachable(tmp_path):
+    path = tmp_path / "empty_rows.yaml"
+    path.write_text(textwrap.dedent("""
+        kernel: tritonwarm.launchers.rms_norm:rms_norm
+        axes:
+          num_tokens: [0, 8]
+        args:
+          x: {tensor: [$num_tokens, 64], dtype: float16}
+          weight: {tensor: [64], dtype: float16}
+    """))
+    target = TARGETS["sm90"]
+    the_plan = plan(load_specs([path]), target)
+    assert len(the_plan.unreachable) == 1 and "num_tokens=0" in the_plan.unreachable[0]
+    assert not check(the_plan, tmp_path / "cache").ok
+
+
+def test_unaligned_views_are_a_separate_variant(tmp_path):
+    path = tmp_path / "views.yaml"
+    path.write_text(textwrap.dedent("""
+        kernel: tritonwarm.launchers.rms_norm:rms_norm
+        axes:
+          aligned: [true, false]
+        args:
+          x: {tensor: [8, 64], dtype: float16, aligned: $aligned}
+          weight: {tensor: [64], dtype: float16}
+    """))
+    variants = plan(load_specs([path]), TARGETS["sm90"]).variants.values()
+    assert sorted(v.args["x_ptr"] for v in variants) == ["*fp16 aligned", "*fp16 unaligned"]
+
+
+def test_user_triton_cache_dir_is_never_overwritten(tmp_path, spec_file):
+    before = os.environ["TRITON_CACHE_DIR"]
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), tmp_path / "elsewhere")
+    assert os.environ["TRITON_CACHE_DIR"] == before
+    assert knobs.cache.dir == before
