@@ -1,5 +1,10 @@
-"""One launcher per kernel: shapes and dtypes in, launch spec out. No device code here."""
+"""One launcher per kernel: shapes and dtypes in, launch spec out. No device code here.
 
+Importing this package also registers each launcher as a PyTorch custom op (``torch.ops.tritonwarm``).
+"""
+
+from .activation import silu_and_mul
 from .rms_norm import rms_norm
+from .rotary import rotary_embedding
 
-__all__ = ["rms_norm"]
+__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
