@@ -48,3 +48,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
         return out.view(x.shape), residual
     rms_norm_jit(x2, weight, out, eps)
     return out.view(x.shape)
+
+
+@torch.library.custom_op("tritonwarm::rms_norm", mutates_args=("residual",))
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
+    """The custom op returns only the normed tensor: ``residual`` is updated in place (an op may
+    not return its own input)."""
+    if residual is None:
+        return rms_norm(x, weight, eps)
+    return rms_norm(x, weight, eps, residual)[0]
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps, residual):
+    return torch.empty_like(x)

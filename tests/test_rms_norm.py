@@ -1,7 +1,11 @@
+import pathlib
+
 import pytest
 import torch
 
-from tritonwarm.jit import fake_tensor
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import plan
 from tritonwarm.kernels.rms_norm import rms_norm_reference
 from tritonwarm.launchers import rms_norm
 
@@ -61,3 +65,19 @@ def test_compiles(compile_call, target):
     [(variant, _)] = compile_call(target, rms_norm, x, w, 1e-6)
     assert variant.args["x_ptr"] == "*bf16 aligned"
     assert variant.args["BLOCK"] == "=4096"
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_custom_op(fused):
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 40, generator=g), torch.randn(40, generator=g)
+    residual = torch.randn(3, 40, generator=g) if fused else None
+    torch.library.opcheck(torch.ops.tritonwarm.rms_norm.default, (x, w, 1e-6, residual))
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+def test_shipped_spec_plans_cleanly(target):
+    path = pathlib.Path(__file__).parent.parent / "warmup_specs" / "rms_norm.yaml"
+    the_plan = plan(load_specs([path]), TARGETS[target])
+    assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
+    assert len(the_plan.variants) == 8  # 2 dtypes x 2 hidden sizes x plain/fused
