@@ -4,7 +4,9 @@ Importing this package also registers each launcher as a PyTorch custom op (``to
 """
 
 from .activation import silu_and_mul
+from .moe_align import moe_align_block_size
+from .moe_routing import moe_topk_routing
 from .rms_norm import rms_norm
 from .rotary import rotary_embedding
 
-__all__ = ["rms_norm", "rotary_embedding", "silu_and_mul"]
+__all__ = ["moe_align_block_size", "moe_topk_routing", "rms_norm", "rotary_embedding", "silu_and_mul"]

@@ -1,0 +1,118 @@
+"""``moe_align_block_size`` device code (vLLM semantics, deterministic), and its PyTorch reference.
+
+The flat (token, k) slots of ``topk_ids`` are grouped by expert in ascending expert order, slots of
+one expert in ascending flat index; each expert's segment is padded to a multiple of ``block_size``.
+Outputs have the worst-case size ``numel + num_experts * (block_size - 1)`` so that nothing depends
+on the data: ``sorted_token_ids`` holds ``numel`` (the sentinel) in padding and past
+``num_tokens_post_padded``; ``expert_ids`` holds -1 for blocks past it. Ids outside
+``[0, num_experts)`` (e.g. -1 for experts of another expert-parallel rank) are dropped.
+
+Three kernels, no atomics, so the result never depends on scheduling:
+count (per tile of ids, per expert) -> scan (one program: expert offsets, block experts, per-tile
+starting positions) -> scatter (per tile: starting position + rank inside the tile).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["numel"])
+def moe_align_count_kernel(
+    topk_ids_ptr, tile_counts_ptr, numel, num_experts,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # tile_counts[tile, e] = how many ids of this tile are e (zeros included).
+    tile = tl.program_id(0)
+    slots = tile * TILE + tl.arange(0, TILE)
+    experts = tl.arange(0, BLOCK_E)
+    ids = tl.load(topk_ids_ptr + slots, mask=slots < numel, other=-1).to(tl.int32)
+    counts = tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    tl.store(tile_counts_ptr + tile * num_experts + experts, counts, mask=experts < num_experts)
+
+
+@triton.jit(do_not_specialize=["num_tiles", "max_blocks"])
+def moe_align_scan_kernel(
+    tile_counts_ptr, tile_starts_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    num_tiles, num_experts, block_size, max_blocks,
+    TILES_PER_STEP: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # One program. Pass 1: per-expert totals -> padded segment [start, end) per expert. Pass 2: the
+    # position where each tile's slots of each expert begin = expert start + same-expert slots in
+    # earlier tiles (an exclusive scan down the tiles). Then each block's expert (or -1).
+    experts = tl.arange(0, BLOCK_E)
+    expert_ok = experts < num_experts
+    step_tiles = tl.arange(0, TILES_PER_STEP)
+    totals = tl.zeros([BLOCK_E], tl.int32)
+    first = 0
+    while first < num_tiles:  # `while`, not range(): Triton 3.6's interpreter cannot range to a runtime int
+        tiles = first + step_tiles
+        offsets = tiles[:, None] * num_experts + experts[None, :]
+        mask = (tiles < num_tiles)[:, None] & expert_ok[None, :]
+        totals += tl.sum(tl.load(tile_counts_ptr + offsets, mask=mask, other=0), axis=0)
+        first += TILES_PER_STEP
+    padded = (totals + block_size - 1) // block_size * block_size
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total_padded = tl.sum(padded, axis=0)
+    tl.store(num_tokens_post_padded_ptr, total_padded)
+
+    running = starts
+    first = 0
+    while first < num_tiles:
+        tiles = first + step_tiles
+        offsets = tiles[:, None] * num_experts + experts[None, :]
+        mask = (tiles < num_tiles)[:, None] & expert_ok[None, :]
+        counts = tl.load(tile_counts_ptr + offsets, mask=mask, other=0)
+        inclusive = tl.cumsum(counts, axis=0)
+        tl.store(tile_starts_ptr + offsets, running[None, :] + inclusive - counts, mask=mask)
+        running += tl.sum(counts, axis=0)
+        first += TILES_PER_STEP
+
+    # Block b starts at b * block_size; its expert is the number of experts whose segment ends at
+    # or before that (empty segments end where they start, so they are skipped).
+    step_blocks = tl.arange(0, BLOCKS_PER_STEP)
+    first = 0
+    while first < max_blocks:
+        blocks = first + step_blocks
+        block_start = blocks * block_size
+        owner = tl.sum(((ends[None, :] <= block_start[:, None]) & expert_ok[None, :]).to(tl.int32), axis=1)
+        owner = tl.where(block_start < total_padded, owner, -1)
+        tl.store(expert_ids_ptr + blocks, owner, mask=blocks < max_blocks)
+        first += BLOCKS_PER_STEP
+
+
+@triton.jit(do_not_specialize=["numel"])
+def moe_align_scatter_kernel(
+    topk_ids_ptr, tile_starts_ptr, sorted_token_ids_ptr, numel, num_experts,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # A slot goes to its tile's start for its expert plus the number of same-expert slots before it
+    # in the tile (exclusive running count over a one-hot [slot, expert] matrix).
+    tile = tl.program_id(0)
+    lanes = tl.arange(0, TILE)
+    slots = tile * TILE + lanes
+    experts = tl.arange(0, BLOCK_E)
+    ids = tl.load(topk_ids_ptr + slots, mask=slots < numel, other=-1).to(tl.int32)
+    valid = (ids >= 0) & (ids < num_experts)
+    one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    rank = tl.sum((tl.cumsum(one_hot, axis=0) - one_hot) * one_hot, axis=1)
+    start = tl.load(tile_starts_ptr + tile * num_experts + ids, mask=valid, other=0)
+    tl.store(sorted_token_ids_ptr + start + rank, slots, mask=valid)
+
+
+def moe_align_block_size_reference(topk_ids, num_experts, block_size):
+    """Plain PyTorch, one expert at a time: ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``."""
+    flat = topk_ids.reshape(-1)
+    numel = flat.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    sorted_token_ids = torch.full((max_padded,), numel, dtype=torch.int32)
+    expert_ids = torch.full((-(-max_padded // block_size),), -1, dtype=torch.int32)
+    position = 0
+    for expert in range(num_experts):
+        slots = torch.nonzero(flat == expert).flatten()  # ascending flat index
+        sorted_token_ids[position:position + len(slots)] = slots.to(torch.int32)
+        num_blocks = -(-len(slots) // block_size)
+        expert_ids[position // block_size:position // block_size + num_blocks] = expert
+        position += num_blocks * block_size
+    return sorted_token_ids, expert_ids, torch.tensor([position], dtype=torch.int32)

@@ -1,0 +1,101 @@
+"""``moe_align_block_size`` launcher: routed expert ids in, the fused-MoE GEMM's block layout out;
+plus the ``tritonwarm::moe_align_block_size`` op. Output layout is documented in ``kernels/moe_align.py``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..jit import JitKernel, Launch
+from ..kernels.moe_align import moe_align_count_kernel, moe_align_scan_kernel, moe_align_scatter_kernel
+
+ONE_HOT_ELEMENTS = 8192  # slots x experts compared at once by one program
+MAX_TILE = 1024
+
+
+def _tiling(numel: int, num_experts: int) -> tuple[int, int, int]:
+    """(tile, block_e, num_tiles): the tile size follows the expert count only, never the batch."""
+    block_e = triton.next_power_of_2(num_experts)
+    tile = max(16, min(MAX_TILE, ONE_HOT_ELEMENTS // block_e))
+    return tile, block_e, triton.cdiv(numel, tile)
+
+
+# numel (and num_tiles, max_blocks, which follow it) varies every step: it sizes grids and buffers and
+# bounds loops, and is do_not_specialize in every kernel, so all batch sizes share one binary each.
+def moe_align_count_launch(flat_ids, tile_counts, num_experts: int) -> Launch | None:
+    numel = flat_ids.numel()
+    tile, block_e, num_tiles = _tiling(numel, num_experts)
+    if num_tiles == 0:
+        return None
+    return Launch(grid=(num_tiles,), args=(flat_ids, tile_counts, numel, num_experts),
+                  constexprs=dict(TILE=tile, BLOCK_E=block_e), num_warps=4)
+
+
+def moe_align_scan_launch(flat_ids, tile_counts, tile_starts, expert_ids, num_tokens_post_padded,
+                          num_experts: int, block_size: int) -> Launch:
+    # One program, always launched (with no ids it still writes the -1 block experts and 0 tokens).
+    tile, block_e, num_tiles = _tiling(flat_ids.numel(), num_experts)
+    per_step = max(1, ONE_HOT_ELEMENTS // block_e)
+    return Launch(grid=(1,),
+                  args=(tile_counts, tile_starts, expert_ids, num_tokens_post_padded,
+                        num_tiles, num_experts, block_size, expert_ids.numel()),
+                  constexprs=dict(TILES_PER_STEP=per_step, BLOCKS_PER_STEP=per_step, BLOCK_E=block_e),
+                  num_warps=4)
+
+
+def moe_align_scatter_launch(flat_ids, tile_starts, sorted_token_ids, num_experts: int) -> Launch | None:
+    numel = flat_ids.numel()
+    tile, block_e, num_tiles = _tiling(numel, num_experts)
+    if num_tiles == 0:
+        return None
+    return Launch(grid=(num_tiles,), args=(flat_ids, tile_starts, sorted_token_ids, numel, num_experts),
+                  constexprs=dict(TILE=tile, BLOCK_E=block_e), num_warps=4)
+
+
+moe_align_count_jit = JitKernel(moe_align_count_kernel, moe_align_count_launch)
+moe_align_scan_jit = JitKernel(moe_align_scan_kernel, moe_align_scan_launch)
+moe_align_scatter_jit = JitKernel(moe_align_scatter_kernel, moe_align_scatter_launch)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int):
+    """Group the routed (token, k) slots by expert, each expert padded to ``block_size`` slots.
+
+    Returns ``(sorted_token_ids int32 [numel + E*(block_size-1)], expert_ids int32 [cdiv(that,
+    block_size)], num_tokens_post_padded int32 [1])``, every size from shapes only.
+    """
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if num_experts < 1 or block_size < 1:
+        raise ValueError(f"num_experts={num_experts} and block_size={block_size} must be positive")
+    device = topk_ids.device
+    flat_ids = topk_ids.reshape(-1)
+    if flat_ids.numel() and flat_ids.stride(0) != 1:
+        flat_ids = flat_ids.contiguous()
+    numel = flat_ids.numel()
+    max_padded = numel + num_experts * (block_size - 1)
+    # Padding and the tail hold the sentinel: the scatter only writes real slots.
+    sorted_token_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
+    expert_ids = torch.empty((triton.cdiv(max_padded, block_size),), dtype=torch.int32, device=device)
+    num_tokens_post_padded = torch.empty((1,), dtype=torch.int32, device=device)
+    _, _, num_tiles = _tiling(numel, num_experts)
+    tile_counts = torch.empty((num_tiles, num_experts), dtype=torch.int32, device=device)
+    tile_starts = torch.empty((num_tiles, num_experts), dtype=torch.int32, device=device)
+    moe_align_count_jit(flat_ids, tile_counts, num_experts)
+    moe_align_scan_jit(flat_ids, tile_counts, tile_starts, expert_ids, num_tokens_post_padded,
+                       num_experts, block_size)
+    moe_align_scatter_jit(flat_ids, tile_starts, sorted_token_ids, num_experts)
+    return sorted_token_ids, expert_ids, num_tokens_post_padded
+
+
+@torch.library.custom_op("tritonwarm::moe_align_block_size", mutates_args=())
+def _moe_align_block_size_op(topk_ids: torch.Tensor, num_experts: int,
+                             block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return moe_align_block_size(topk_ids, num_experts, block_size)
+
+
+@_moe_align_block_size_op.register_fake
+def _(topk_ids, num_experts, block_size):
+    max_padded = topk_ids.numel() + num_experts * (block_size - 1)
+    return (topk_ids.new_empty((max_padded,), dtype=torch.int32),
+            topk_ids.new_empty(((max_padded + block_size - 1) // block_size,), dtype=torch.int32),
+            topk_ids.new_empty((1,), dtype=torch.int32))

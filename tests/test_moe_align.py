@@ -1,0 +1,136 @@
+from pathlib import Path
+
+import pytest
+import torch
+
+from tritonwarm.jit import TARGETS, capture, class_reps, fake_tensor, trace_call
+from tritonwarm.kernels.moe_align import moe_align_block_size_reference
+from tritonwarm.launchers.moe_align import moe_align_block_size
+from tritonwarm.launchers.moe_routing import moe_topk_routing
+
+
+def assert_align_matches(topk_ids, num_experts, block_size):
+    got = moe_align_block_size(topk_ids, num_experts, block_size)
+    want = moe_align_block_size_reference(topk_ids, num_experts, block_size)
+    for name, g, w in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, want):
+        assert g.dtype == torch.int32, name
+        torch.testing.assert_close(g, w, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+    return got
+
+
+def random_ids(num_tokens, top_k, num_experts, seed, dtype=torch.int32, experts_used=None):
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.arange(num_experts) if experts_used is None else torch.tensor(experts_used)
+    return pool[torch.randint(len(pool), (num_tokens, top_k), generator=g)].to(dtype)
+
+
+def test_hand_computed_example():
+    ids = torch.tensor([[1, 0], [1, 2]], dtype=torch.int32)
+    sorted_ids, expert_ids, post = moe_align_block_size(ids, 4, 4)
+    s = 4  # sentinel: numel
+    assert sorted_ids.tolist() == [1, s, s, s, 0, 2, s, s, 3, s, s, s, s, s, s, s]
+    assert expert_ids.tolist() == [0, 1, 2, -1]
+    assert post.tolist() == [12]
+
+
+# (num_tokens, top_k, num_experts, block_size): engine geometries; sizes that span several tiles
+# (and several scan steps) for each expert count; numel not a multiple of block_size.
+@pytest.mark.parametrize("num_tokens, top_k, num_experts, block_size", [
+    (1, 6, 64, 16),
+    (5, 6, 64, 64),
+    (200, 6, 64, 16),
+    (3, 2, 8, 16),
+    (1500, 2, 8, 64),
+    (1, 8, 256, 64),
+    (200, 8, 256, 128),
+    (7, 4, 60, 32),
+    (33, 6, 160, 16),
+])
+def test_matches_reference(num_tokens, top_k, num_experts, block_size):
+    ids = random_ids(num_tokens, top_k, num_experts, seed=num_tokens * 31 + num_experts)
+    assert_align_matches(ids, num_experts, block_size)
+
+
+def test_empty_experts_and_all_to_one_expert():
+    assert_align_matches(random_ids(50, 6, 64, seed=1, experts_used=[3, 17, 63]), 64, 16)
+    for expert in (0, 255):
+        _, expert_ids, post = assert_align_matches(torch.full((40, 8), expert, dtype=torch.int32), 256, 64)
+        assert post.item() == 320 and expert_ids[:5].tolist() == [expert] * 5 and expert_ids[5] == -1
+
+
+def test_int64_and_strided_ids():
+    assert_align_matches(random_ids(20, 8, 256, seed=2, dtype=torch.int64), 256, 32)
+    wide = random_ids(20, 8, 64, seed=3)
+    assert_align_matches(wide[:, :6], 64, 16)  # row stride 8: flattened with a copy
+
+
+def test_ids_outside_the_experts_are_dropped():
+    ids = torch.tensor([[2, -1], [3, 2], [1, 9]], dtype=torch.int32)  # -1 (another EP rank), 9 >= num_experts
+    sorted_ids, expert_ids, post = assert_align_matches(ids, 4, 2)
+    s = 6
+    assert sorted_ids.tolist() == [4, s, 0, 3, 2, s, s, s, s, s]
+    assert expert_ids.tolist() == [1, 2, 3, -1, -1] and post.item() == 6
+
+
+def test_zero_tokens():
+    sorted_ids, expert_ids, post = moe_align_block_size(torch.empty(0, 6, dtype=torch.int32), 64, 16)
+    assert sorted_ids.shape == (64 * 15,) and (sorted_ids == 0).all()
+    assert (expert_ids == -1).all() and post.item() == 0
+
+
+def test_feeds_on_router_output():
+    logits = torch.randn(9, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    _, topk_ids = moe_topk_routing(logits, 6)
+    assert_align_matches(topk_ids, 64, 16)
+
+
+def test_runs_on_meta_tensors():
+    with capture(TARGETS["sm90"]) as cap:
+        sorted_ids, expert_ids, post = moe_align_block_size(fake_tensor((37, 8), torch.int32), 256, 64)
+    assert sorted_ids.shape == (37 * 8 + 256 * 63,) and expert_ids.shape == (-(-(37 * 8 + 256 * 63) // 64),)
+    assert post.shape == (1,) and cap.launches == 3
+
+
+def test_opcheck():
+    ids = random_ids(5, 2, 8, seed=5)
+    torch.library.opcheck(torch.ops.tritonwarm.moe_align_block_size.default, (ids, 8, 16))
+
+
+# --------------------------------------------------------------------------- warm-up and compile
+
+# The combinations warmup_specs/moe_align_block_size.yaml declares: (num_experts, top_k).
+SPEC_MODELS = [(64, 6), (8, 2), (256, 8)]
+
+
+@pytest.mark.parametrize("num_experts, top_k", SPEC_MODELS)
+def test_spec_combination_is_three_variants_for_every_batch_and_block_size(num_experts, top_k):
+    keys = set()
+    for num_tokens in [*class_reps(1, 16384).values(), 17, 1000, 16384]:
+        for block_size in (16, 32, 64, 128):
+            variants = trace_call(TARGETS["sm90"], moe_align_block_size,
+                                  fake_tensor((num_tokens, top_k), torch.int32), num_experts, block_size)
+            keys |= {(v.kernel, v.key) for v in variants}
+    assert len(keys) == 3  # count, scan, scatter
+
+
+def test_spec_file_rows_trace():
+    from tritonwarm.jit import specs
+    path = Path(__file__).resolve().parents[1] / "warmup_specs" / "moe_align_block_size.yaml"
+    variants = set()
+    for spec in specs.load_spec_file(path):
+        for row in spec.rows():
+            args, kwargs = spec.call_arguments(row.values)
+            with capture(TARGETS["sm90"]) as cap:
+                spec.launcher(*args, **kwargs)
+            assert cap.launches == 3, row.label
+            variants |= set(cap.variants)
+    assert len(variants) == 3 * len(SPEC_MODELS)
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+@pytest.mark.parametrize("num_experts, top_k", [(64, 6), (256, 8)])
+def test_compiles(compile_call, target, num_experts, top_k):
+    compiled = compile_call(target, moe_align_block_size, fake_tensor((64, top_k), torch.int32), num_experts, 64)
+    assert sorted(v.kernel.rsplit(".", 1)[1] for v, _ in compiled) == [
+        "moe_align_count_kernel", "moe_align_scan_kernel", "moe_align_scatter_kernel"]
+    assert all(v.args.get("numel", "i32") == "i32" for v, _ in compiled)  # do_not_specialize
