@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("warmup", help="compile every variant the specs plan into Triton's cache")
     _spec_args(w)
+    w.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
+                   help="compile in this many processes (default: the machine's cores)")
     w.add_argument("--no-verify-collapse", action="store_true",
                    help="skip the extra traces that prove each collapsed axis sound")
     w.set_defaults(func=cmd_warmup)
@@ -114,12 +116,14 @@ def cmd_warmup(args) -> int:
     from .jit.warmup import plan, warm
 
     specs, targets, cache_dir = _prepare(args)
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     results, problems = [], []
     for target in targets:
         the_plan = plan(specs, target, verify_collapse=not args.no_verify_collapse)
         problems += the_plan.errors + the_plan.collapse_errors
         with _progress(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
-            result = warm(the_plan, cache_dir, progress=tick)
+            result = warm(the_plan, cache_dir, jobs=args.jobs, progress=tick)
         results.append(result)
         problems += result.failures
         if not args.json:

@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from triton import knobs
@@ -48,6 +48,11 @@ class Variant:
         import base64
 
         return base64.b32encode(bytes.fromhex(self.cache_hash)).decode().rstrip("=")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Variant":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -8,8 +8,11 @@ time per key, and records it in the manifest; ``check`` compares a plan with the
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import multiprocessing
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,48 +138,82 @@ class WarmResult:
         return dict(self.__dict__)
 
 
-def warm(the_plan: Plan, cache_dir: Path, *, progress: Callable[[Variant, str], None] | None = None) -> WarmResult:
-    """Compile every planned variant the cache lacks; record all of them in the manifest."""
+def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
+         progress: Callable[[Variant, str], None] | None = None) -> WarmResult:
+    """Compile every planned variant the cache lacks (``jobs`` processes); record all in the manifest."""
     target = the_plan.target
     start = time.perf_counter()
     result = WarmResult(target.name, str(cache_dir), planned=len(the_plan.variants))
     manifest = Manifest(cache_dir, target.name)
     recorded = manifest.read()
     version, env = triton_version(), cache_env()
-    for variant in the_plan.variants.values():
-        try:
-            outcome, files, seconds = _warm_one(variant, target, cache_dir, recorded.get(variant.cache_hash))
-        except Exception as e:
+    for variant, outcome in _warm_all(list(the_plan.variants.values()), target, cache_dir, recorded, jobs):
+        if isinstance(outcome, BaseException):
             result.failed += 1
-            result.failures.append(f"{variant.kernel} {variant.variant_id}: {type(e).__name__}: {e}")
+            result.failures.append(f"{variant.kernel} {variant.variant_id}: {type(outcome).__name__}: {outcome}")
             if progress:
                 progress(variant, "failed")
             continue
-        if outcome == "compiled":
-            result.compiled += 1
-        elif outcome == "repaired":
-            result.repaired += 1
-            result.compiled += 1
-        else:
-            result.cached += 1
+        status, details = outcome
+        result.compiled += status in ("compiled", "repaired")
+        result.repaired += status == "repaired"
+        result.cached += status == "cached"
         previous = recorded.get(variant.cache_hash)
-        if outcome != "cached" or previous is None or set(previous.get("rows", [])) != set(variant.rows):
-            entry = _manifest_entry(variant, target, files, seconds, version, env, previous)
-            manifest.update({variant.cache_hash: entry})
+        if details is not None:
+            manifest.update({variant.cache_hash: _manifest_entry(variant, details, version, env, previous)})
         if progress:
-            progress(variant, outcome)
+            progress(variant, status)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 
 
+def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int):
+    """Yield ``(variant, (status, details) | exception)``; compiles in a process pool when jobs > 1.
+
+    What is already cached and intact is decided here, without a lock or a worker; only the rest
+    goes to the pool. Workers are forked, so each pays Triton's start-up once, not per variant.
+    """
+    todo = []
+    for variant in variants:
+        previous = recorded.get(variant.cache_hash)
+        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        if files and _intact(files, previous):
+            fresh = previous is None or set(previous.get("rows", [])) != set(variant.rows)
+            yield variant, ("cached", _details(target, files, None) if fresh else None)
+        else:
+            todo.append(variant)
+    if jobs <= 1 or len(todo) <= 1:
+        for variant in todo:
+            try:
+                yield variant, _warm_one(variant, target, cache_dir, recorded.get(variant.cache_hash))
+            except Exception as e:
+                yield variant, e
+        return
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context) as pool:
+        futures = {
+            pool.submit(_warm_one_in_worker, v.to_json(), target.name, str(cache_dir), recorded.get(v.cache_hash)): v
+            for v in todo
+        }
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                yield futures[future], future.result()
+            except Exception as e:
+                yield futures[future], e
+
+
+def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None):
+    from .targets import TARGETS
+
+    return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded)
+
+
 def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict | None):
-    files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
-    if files and _intact(files, recorded):
-        return "cached", files, None
+    """Compile one variant unless the cache has it intact: ``(status, details)``."""
     with variant_lock(cache_dir, variant.cache_hash):
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         if files and _intact(files, recorded):  # another process compiled it meanwhile
-            return "cached", files, None
+            return "cached", _details(target, files, None)
         corrupt = files is not None
         if corrupt:  # never let Triton load a damaged binary: remove the entry, then rebuild it
             shutil.rmtree(entry_dir(cache_dir, variant.cache_dir_name), ignore_errors=True)
@@ -189,7 +226,16 @@ def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict 
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         if files is None:
             raise RuntimeError(f"Triton wrote no complete cache entry under {cache_dir}")
-        return ("repaired" if corrupt else "compiled"), files, seconds
+        return ("repaired" if corrupt else "compiled"), _details(target, files, seconds)
+
+
+def _details(target: Target, files: dict[str, str], seconds: float | None) -> dict:
+    """What the manifest records about an entry's files (done where the entry was built)."""
+    return {
+        "files": {name: file_sha256(path) for name, path in sorted(files.items())},
+        "resources": resource_usage(target, files),
+        "compile_seconds": seconds,
+    }
 
 
 def _intact(files: dict[str, str], recorded: dict | None) -> bool:
@@ -208,16 +254,11 @@ def _intact(files: dict[str, str], recorded: dict | None) -> bool:
     return True
 
 
-def _manifest_entry(variant: Variant, target: Target, files, seconds, version, env, previous) -> dict:
+def _manifest_entry(variant: Variant, details: dict, version: str, env: dict, previous: dict | None) -> dict:
     entry = variant.to_json()
-    entry.update(
-        triton_version=version,
-        env=env,
-        compile_seconds=seconds if seconds is not None else (previous or {}).get("compile_seconds"),
-        files={name: file_sha256(path) for name, path in sorted(files.items())},
-        entry_dir=variant.cache_dir_name,
-        resources=resource_usage(target, files),
-    )
+    entry.update(details, triton_version=version, env=env, entry_dir=variant.cache_dir_name)
+    if details["compile_seconds"] is None and previous:
+        entry["compile_seconds"] = previous.get("compile_seconds")
     if previous:
         entry["rows"] = sorted(set(previous.get("rows", [])) | set(variant.rows))
     return entry

@@ -196,3 +196,19 @@ def test_user_triton_cache_dir_is_never_overwritten(tmp_path, spec_file):
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), tmp_path / "elsewhere")
     assert os.environ["TRITON_CACHE_DIR"] == before
     assert knobs.cache.dir == before
+
+
+def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
+    target, specs = TARGETS["sm90"], load_specs([spec_file])
+    serial = warm(plan(specs, target), tmp_path / "serial", jobs=1)
+    parallel = warm(plan(specs, target), tmp_path / "parallel", jobs=2)
+    assert serial.compiled == parallel.compiled == 2 and parallel.failed == 0
+    for variant in plan(specs, target).variants.values():
+        a = entry_files(tmp_path / "serial", variant.cache_dir_name, variant.entry_name)
+        b = entry_files(tmp_path / "parallel", variant.cache_dir_name, variant.entry_name)
+        assert a.keys() == b.keys()
+        for name in a:  # the group file lists absolute paths; everything Triton compiled is identical
+            if not name.startswith("__grp__"):
+                with open(a[name], "rb") as fa, open(b[name], "rb") as fb:
+                    assert fa.read() == fb.read(), name
+    assert Manifest(tmp_path / "parallel", "sm90").read().keys() == Manifest(tmp_path / "serial", "sm90").read().keys()
