@@ -74,6 +74,10 @@ def fake_launches(sink: FakeLaunchSink, target: Target):
                 kernel.jit_function.device_caches.pop(fake_driver.device, None)
 
 
+# Whoever watches real launches (a DispatchMonitor while serving) gets ``count_launch(kernel)``.
+launch_observer: contextvars.ContextVar[Any] = contextvars.ContextVar("tritonwarm_launch_observer", default=None)
+
+
 def in_fake_mode() -> bool:
     """True inside ``fake_launches``: launchers can skip host-side work that needs real data."""
     return _fake_mode.get() is not None
@@ -143,6 +147,9 @@ class JitKernel:
 
     def launch(self, launch: Launch):
         """Launch ``launch`` for real: the GPU, or Triton's interpreter for CPU tensors."""
+        observer = launch_observer.get()
+        if observer is not None:
+            observer.count_launch(self)
         if _wants_interpreter(launch.args):
             return self._interpreter()[launch.grid](*launch.args, **launch.kwargs())
         return self.jit_function.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())

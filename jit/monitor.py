@@ -1,0 +1,173 @@
+"""Serving-time watch on compiles: which variant each launch needs, and whether the cache had it.
+
+Two ways to run the same check:
+
+- ``monitor.serving()`` on a GPU: Triton calls ``jit_cache_hook`` whenever a launch misses its
+  in-memory cache, i.e. when it is about to load from disk *or* compile. The monitor computes the
+  disk-cache entry Triton will look for and records a hit or a miss; a miss under policy ``error``
+  raises before anything compiles, under ``warn`` it is logged and compiled.
+- ``monitor.dry_run(target)``: the engine's own code runs on meta tensors under the target-only
+  driver; every launch is traced (Triton's key, nothing compiled) and looked up in the cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from triton import knobs
+
+from .cache import entry_files
+from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
+from .targets import Target, target_from_gpu_target
+from .trace import Capture, Variant, _hook_lock
+
+log = logging.getLogger("tritonwarm")
+
+POLICIES = ("off", "warn", "error")
+
+
+class JitPolicyError(RuntimeError):
+    """A launch at serving time needs a variant the warmed cache does not hold."""
+
+
+@dataclass
+class Dispatch:
+    kernel: str
+    target: str
+    variant: str  # short id (start of Triton's cache hash), as `tritonwarm list` shows it
+    cache_hash: str
+    hit: bool
+    args: dict
+    launches: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class DispatchMonitor:
+    """Counts launches per kernel and records, per variant, whether serving found it in the cache."""
+
+    def __init__(self, cache_dir: str | Path, policy: str = "warn"):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown jit policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        self.cache_dir = Path(cache_dir)
+        self.policy = policy
+        self.dispatches: dict[str, Dispatch] = {}
+        self.launches: collections.Counter[str] = collections.Counter()
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ recording
+
+    @property
+    def hits(self) -> int:
+        return sum(1 for d in self.dispatches.values() if d.hit)
+
+    @property
+    def misses(self) -> list[Dispatch]:
+        return [d for d in self.dispatches.values() if not d.hit]
+
+    def count_launch(self, kernel: JitKernel) -> None:
+        with self._lock:
+            self.launches[kernel.name] += 1
+
+    def _record(self, variant: Variant, *, count_launch: bool) -> Dispatch:
+        with self._lock:
+            dispatch = self.dispatches.get(variant.cache_hash)
+            if dispatch is None:
+                hit = entry_files(self.cache_dir, variant.cache_dir_name, variant.entry_name) is not None
+                dispatch = Dispatch(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
+                                    variant.args)
+                self.dispatches[variant.cache_hash] = dispatch
+                if not hit:
+                    self._on_miss(dispatch)
+            if count_launch:  # dry run: every launch passes here (on a GPU, count_launch() counts them)
+                dispatch.launches += 1
+                self.launches[variant.kernel] += 1
+            return dispatch
+
+    def _on_miss(self, dispatch: Dispatch) -> None:
+        message = (f"{dispatch.kernel} would compile at serving time on {dispatch.target}: variant "
+                   f"{dispatch.variant} ({', '.join(f'{k}:{v}' for k, v in dispatch.args.items())}) "
+                   f"is not in {self.cache_dir}")
+        if self.policy == "error":
+            raise JitPolicyError(message)
+        if self.policy == "warn":
+            log.warning(message)
+
+    def write_record(self, path: str | Path) -> None:
+        """The dispatch record as JSON lines: one per variant launched, with hit or miss."""
+        with open(path, "w") as f:
+            for dispatch in self.dispatches.values():
+                f.write(json.dumps(dispatch.to_json()) + "\n")
+
+    # ------------------------------------------------------------------ dry run
+
+    @contextlib.contextmanager
+    def dry_run(self, target: Target):
+        """Run engine code on meta tensors for ``target``: trace and look up every launch."""
+        with fake_launches(_DryRunSink(self), target):
+            yield self
+
+    # ------------------------------------------------------------------ real serving
+
+    @contextlib.contextmanager
+    def serving(self):
+        """Watch real launches on this machine's GPU (a no-op for interpreted CPU launches)."""
+        from triton.runtime.driver import driver
+
+        from .trace import disk_cache_hash, readable_args
+
+        monitor = self
+        started: dict[str, float] = {}
+
+        def on_compile_request(*, key, fn, compile, **_):
+            jit_function = fn.jit_function
+            kernel = next((k for k in JitKernel.registry() if k.jit_function is jit_function), None)
+            if kernel is None:  # not one of ours: leave it to Triton
+                return False
+            target = target_from_gpu_target(driver.active.get_current_target())
+            variant = Variant(kernel.name, target.name, str(key), compile["specialization_data"],
+                              readable_args(kernel, compile), int(compile["num_warps"]), int(compile["num_stages"]),
+                              disk_cache_hash(kernel, target, compile), entry_name=kernel.fn.__name__)
+            dispatch = monitor._record(variant, count_launch=False)
+            if not dispatch.hit:
+                started[str(key)] = time.perf_counter()
+            return False
+
+        def after_compile(*, key, **_):
+            t0 = started.pop(str(key), None)
+            if t0 is not None:
+                monitor.compiles += 1
+                monitor.compile_seconds += time.perf_counter() - t0
+
+        with _hook_lock:
+            saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
+            knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = on_compile_request, after_compile
+        token = launch_observer.set(self)
+        try:
+            yield self
+        finally:
+            launch_observer.reset(token)
+            with _hook_lock:
+                knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = saved
+
+
+class _DryRunSink(FakeLaunchSink):
+    def __init__(self, monitor: DispatchMonitor):
+        self.monitor = monitor
+
+    def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
+        cap = Capture()
+        cap.launch(kernel, launch, target)
+        for variant in cap.variants.values():
+            self.monitor._record(variant, count_launch=True)
+

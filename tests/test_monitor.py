@@ -1,0 +1,60 @@
+"""The serving-time watch: a dry run on meta tensors looks every launch up in the warmed cache."""
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import plan, warm
+from tritonwarm.launchers import rms_norm
+
+SPEC = pathlib.Path(__file__).parent.parent / "warmup_specs" / "rms_norm.yaml"
+
+
+def serve(monitor, target, batches):
+    with monitor.dry_run(TARGETS[target]):
+        for rows, hidden in batches:
+            x = fake_tensor((rows, hidden), torch.bfloat16)
+            rms_norm(x, fake_tensor((hidden,), torch.bfloat16), 1e-6, fake_tensor((rows, hidden), torch.bfloat16))
+            rms_norm(x, fake_tensor((hidden,), torch.bfloat16))
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("warmed")
+    warm(plan(load_specs([SPEC]), TARGETS["sm90"]), cache)
+    return cache
+
+
+def test_warmed_cache_serves_every_batch_size(warmed, tmp_path):
+    monitor = DispatchMonitor(warmed, policy="error")
+    serve(monitor, "sm90", [(1, 2048), (7, 2048), (300, 4096), (4096, 4096)])
+    assert monitor.misses == [] and monitor.hits == 4
+    assert sum(monitor.launches.values()) == 8
+    record = tmp_path / "record.jsonl"
+    monitor.write_record(record)
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) == 4 and all(line["hit"] for line in lines)
+    assert sum(line["launches"] for line in lines) == 8
+
+
+def test_error_policy_names_the_missing_kernel(tmp_path):
+    monitor = DispatchMonitor(tmp_path / "empty", policy="error")
+    with pytest.raises(JitPolicyError, match="rms_norm_kernel would compile at serving time on sm90"):
+        serve(monitor, "sm90", [(3, 2048)])
+
+
+def test_warn_policy_records_misses_and_carries_on(warmed, caplog):
+    monitor = DispatchMonitor(warmed, policy="warn")
+    serve(monitor, "sm90", [(5, 1024)])  # hidden 1024 was never warmed
+    assert len(monitor.misses) == 2 and monitor.hits == 0
+    assert "would compile at serving time" in caplog.text
+
+
+def test_unknown_policy_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown jit policy"):
+        DispatchMonitor(tmp_path, policy="maybe")
