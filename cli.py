@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     _spec_args(w)
     w.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="compile in this many processes (default: the machine's cores)")
+    w.add_argument("--replan", action="store_true",
+                   help="trace every spec again even where its inputs did not change")
     w.add_argument("--no-verify-collapse", action="store_true",
                    help="skip the extra traces that prove each collapsed axis sound")
     w.set_defaults(func=cmd_warmup)
@@ -120,7 +122,8 @@ def cmd_warmup(args) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     results, problems = [], []
     for target in targets:
-        the_plan = plan(specs, target, verify_collapse=not args.no_verify_collapse)
+        the_plan = plan(specs, target, verify_collapse=not args.no_verify_collapse,
+                        cache_dir=None if args.replan else cache_dir)
         problems += the_plan.errors + the_plan.collapse_errors
         with _progress(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
             result = warm(the_plan, cache_dir, jobs=args.jobs, progress=tick)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,58 @@ def manifests(cache_dir: Path) -> dict[str, Manifest]:
         target = path.stem[len("manifest-"):]
         found[target] = Manifest(cache_dir, target)
     return found
+
+
+# --------------------------------------------------------------------------- plan store
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 over tritonwarm's own sources: any change to a launcher or kernel invalidates plans."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if relative.parts[0] in ("tests", "bench") or "__pycache__" in relative.parts:
+            continue
+        h.update(str(relative).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class PlanStore:
+    """Traced plans keyed by everything that can change them, so a no-op warm-up re-traces nothing."""
+
+    FORMAT = 1
+
+    def __init__(self, cache_dir: Path):
+        self.dir = Path(cache_dir) / "tritonwarm" / "plans"
+
+    def key(self, spec, target, verify_collapse: bool) -> str:
+        import inspect
+
+        launcher_file = inspect.getsourcefile(spec.launcher) or ""
+        parts = [
+            self.FORMAT, spec.source_sha256, spec.index, code_fingerprint(),
+            file_sha256(launcher_file) if launcher_file and os.path.exists(launcher_file) else "",
+            triton_version(), cache_env(), target.name, verify_collapse,
+        ]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+    def load(self, key: str, target):
+        from .warmup import Plan
+
+        try:
+            return Plan.from_json(target, json.loads((self.dir / f"{key}.json").read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent or damaged: trace again
+
+    def save(self, key: str, the_plan) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".plan-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(the_plan.to_json(), f)
+            os.replace(tmp, self.dir / f"{key}.json")
+        except OSError:
+            pass  # a read-only cache still serves; it just cannot remember plans

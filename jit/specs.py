@@ -8,6 +8,7 @@ anything is traced or compiled; an error names the file, the line and the field.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import itertools
 import random
@@ -138,6 +139,7 @@ class Spec:
     args: Any  # dict or list of arg templates
     launcher: Any = field(repr=False, default=None)
     lines: dict = field(repr=False, default_factory=dict)
+    source_sha256: str = ""  # of the whole YAML file: part of the plan store's key
 
     @property
     def name(self) -> str:
@@ -240,7 +242,9 @@ def load_spec_file(path: str | Path) -> list[Spec]:
     for index, node in enumerate(d for d in documents if d is not None):
         located = _Located(path)
         data = located.convert(node, ())
-        specs.append(_parse(path, index, data, located))
+        spec = _parse(path, index, data, located)
+        spec.source_sha256 = hashlib.sha256(text.encode()).hexdigest()
+        specs.append(spec)
     if not specs:
         raise SpecError(path, None, "<file>", "no specialization set in file")
     return specs

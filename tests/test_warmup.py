@@ -212,3 +212,26 @@ def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
                 with open(a[name], "rb") as fa, open(b[name], "rb") as fb:
                     assert fa.read() == fb.read(), name
     assert Manifest(tmp_path / "parallel", "sm90").read().keys() == Manifest(tmp_path / "serial", "sm90").read().keys()
+
+
+def test_noop_warmup_reuses_stored_plans_until_an_input_changes(tmp_path, spec_file, monkeypatch):
+    from tritonwarm.jit.trace import Capture
+
+    target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
+    first = plan(load_specs([spec_file]), target, cache_dir=cache_dir)
+    warm(first, cache_dir)
+
+    traced = []
+    original = Capture.launch
+    monkeypatch.setattr(Capture, "launch", lambda self, *a: traced.append(1) or original(self, *a))
+    again = plan(load_specs([spec_file]), target, cache_dir=cache_dir)
+    assert not traced, "traced a spec whose inputs did not change"
+    assert again.variants.keys() == first.variants.keys() and again.rows == first.rows
+    assert warm(again, cache_dir).cached == 2
+
+    spec_file.write_text(SPEC + "description: edited\n")  # any change to the spec file re-traces it
+    assert plan(load_specs([spec_file]), target, cache_dir=cache_dir).variants.keys() == first.variants.keys()
+    assert traced
+    traced.clear()
+    plan(load_specs([spec_file]), TARGETS["sm100"], cache_dir=cache_dir)  # so does another target
+    assert traced
