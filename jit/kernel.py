@@ -18,26 +18,38 @@ import os
 import threading
 import types
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from triton.runtime.jit import JITFunction
 
+from .dispatch import FastDispatch
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
 
 
-@dataclass(frozen=True)
-class Launch:
-    """Everything Triton needs for one launch, as the launch spec decided it."""
+# TRITONWARM_FAST_DISPATCH=0 sends every launch through Triton's own JITFunction.run.
+FAST_DISPATCH = os.environ.get("TRITONWARM_FAST_DISPATCH", "1") != "0"
 
-    grid: tuple[int, ...]
-    args: tuple  # runtime arguments in the kernel's parameter order (constexprs excluded)
-    constexprs: dict[str, Any] = field(default_factory=dict)
-    num_warps: int | None = None
-    num_stages: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # any other Triton option
+
+class Launch:
+    """Everything Triton needs for one launch, as the launch spec decided it.
+
+    ``args`` are the runtime arguments in the kernel's parameter order (constexprs excluded);
+    ``options`` any Triton option besides ``num_warps`` / ``num_stages``. A plain slotted class:
+    one is built per launch, so its construction cost is on the hot path.
+    """
+
+    __slots__ = ("grid", "args", "constexprs", "num_warps", "num_stages", "options")
+
+    def __init__(self, grid: tuple, args: tuple, constexprs: dict[str, Any] | None = None,
+                 num_warps: int | None = None, num_stages: int | None = None, options: dict[str, Any] | None = None):
+        self.grid = grid
+        self.args = args
+        self.constexprs = constexprs if constexprs is not None else {}
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+        self.options = options if options is not None else {}
 
     def kwargs(self) -> dict[str, Any]:
         kwargs = dict(self.constexprs)
@@ -47,6 +59,10 @@ class Launch:
             kwargs["num_stages"] = self.num_stages
         kwargs.update(self.options)
         return kwargs
+
+    def __repr__(self) -> str:
+        return (f"Launch(grid={self.grid}, args={self.args}, constexprs={self.constexprs}, "
+                f"num_warps={self.num_warps}, num_stages={self.num_stages}, options={self.options})")
 
 
 class FakeLaunchSink:
@@ -108,6 +124,7 @@ class JitKernel:
                 do_not_specialize_on_alignment=getattr(kernel, "kwargs", {}).get("do_not_specialize_on_alignment"),
             )
         self._interpreted = None
+        self.fast = FastDispatch(self.jit_function)
         with self._registry_lock:
             self._registry[self.name] = self
 
@@ -152,7 +169,9 @@ class JitKernel:
             observer.count_launch(self)
         if _wants_interpreter(launch.args):
             return self._interpreter()[launch.grid](*launch.args, **launch.kwargs())
-        return self.jit_function.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())
+        if not FAST_DISPATCH:
+            return self.jit_function.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())
+        return self.fast.launch(launch)
 
     def fake_run(self, launch: Launch):
         """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
@@ -242,9 +261,11 @@ def _interpreted_helpers(namespace: dict):
         for name, value in list(ns.items()):
             if isinstance(value, JITFunction):
                 swapped[(id(ns), name)] = (ns, name, value)
-                if value not in _INTERPRETED_TWINS:
-                    _INTERPRETED_TWINS[value] = _scoped_interpreted_function(value.fn)
-                ns[name] = _INTERPRETED_TWINS[value]
+                # keyed by identity: hashing a JITFunction computes its cache key, which walks
+                # its callees, some of which may already be swapped at this point
+                if id(value) not in _INTERPRETED_TWINS:
+                    _INTERPRETED_TWINS[id(value)] = (value, _scoped_interpreted_function(value.fn))
+                ns[name] = _INTERPRETED_TWINS[id(value)][1]
                 pending.append(value.fn.__globals__)
             elif isinstance(value, types.ModuleType) and value.__name__.startswith("triton.language"):
                 pending.append(vars(value))

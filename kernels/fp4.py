@@ -1,0 +1,328 @@
+"""MXFP4 and NVFP4 quantize / dequantize device code, and their PyTorch references.
+
+Both formats store FP4 E2M1 elements (±{0, 0.5, 1, 1.5, 2, 3, 4, 6}) two per byte, low nibble first
+(element 2i in bits 0-3, element 2i+1 in bits 4-7), with one scale per block along the last dim:
+
+MXFP4 (OCP Microscaling Formats v1.0): blocks of 32, E8M0 scale byte (2**(byte - 127), 0xFF = NaN).
+  shared_exp = floor(log2(amax)) - 2 (emax of E2M1), clamped to E8M0's [-127, 127] (only the lower
+  bound can bind: fp32 amax < 2**128);
+  elements = rne_e2m1(x / 2**shared_exp), saturating to ±6, E2M1's subnormal 0.5 included.
+  - All-zero block: amax = 0 clamps to shared_exp = -127, scale byte 0x00, codes 0: dequantizes to 0.
+  - Block holding NaN or ±inf: scale byte 0xFF (NaN) and all element codes 0; per the MX spec a NaN
+    scale makes every element of the block NaN on dequantize.
+
+NVFP4 (vLLM's ``ref_nvfp4_quant`` / its CUDA kernel): blocks of 16, FP8 E4M3 scale, fp32 global scale
+``gs`` (the caller's choice, usually 448 * 6 / amax(tensor)). In fp32, operation by operation:
+  scale     = e4m3_rne(min(gs * (amax * fp32(1/6)), 448))        (saturating, as vLLM clamps first)
+  out_scale = rcp(scale * rcp(gs)) with rcp(y) = 0 if y == 0 else 1 / y   (IEEE division)
+  elements  = rne_e2m1(x * out_scale), saturating to ±6
+  dequant   = e2m1 * (scale / gs), rounded to the output dtype
+  - A block whose scale rounds to 0 in E4M3 (amax * gs / 6 < 2**-10): scale byte 0x00, out_scale 0,
+    all codes 0: the block dequantizes to zeros.
+  - Block holding ±inf (no NaN): as vLLM, the scale saturates to 448 (0x7E) and ±inf elements to ±6.
+  - Block holding NaN: scale byte 0x7F (E4M3 NaN), all element codes 0: dequantizes to NaN.
+
+In both formats an element whose magnitude rounds to 0 gets code 0x0, never 0x8 (no negative zero).
+The E4M3 and E2M1 rounding is integer arithmetic on the fp32 bits (one helper for both): Triton's
+interpreter does not round its fp8 casts to nearest-even, and integer code means the same on every
+target (E4M3FN and E2M1 conversions are not native everywhere).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+MXFP4_BLOCK = 32
+NVFP4_BLOCK = 16
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude codes 0..7
+E8M0_NAN = 0xFF
+E4M3_NAN = 0x7F
+E4M3_MAX = 448.0
+_FP32_ONE_SIXTH_BITS = tl.constexpr(0x3E2AAAAB)  # fp32(1/6), the E2M1 max's reciprocal vLLM multiplies by
+
+
+# --------------------------------------------------------------------------- shared device helpers
+
+@triton.jit
+def _minifloat_code(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_CODE: tl.constexpr,
+                    SIGN_SHIFT: tl.constexpr):
+    """Code of the minifloat nearest to fp32 ``value``: ties to even, magnitude saturating at MAX_CODE,
+    sign at bit SIGN_SHIFT only for a nonzero magnitude (no negative zero). NaN is the caller's job.
+
+    The minifloat has MANTISSA_BITS explicit mantissa bits and MIN_EXP as its smallest normal
+    exponent (below it: subnormals with the same quantum). Its codes are ordered like its values,
+    so code = (exponent steps above MIN_EXP) << MANTISSA_BITS + rounded significand, and a
+    significand that rounds up to the next power of two carries into the exponent by itself.
+    """
+    bits = value.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127  # zero / fp32 subnormal: -127, rounds to code 0 below
+    significand = (bits & 0x7FFFFF) | 0x800000  # 24 bits, implicit one included
+    # Bits to drop so that one unit of `kept` is the target's quantum at this exponent; past 25
+    # every significand (< 2**24) is under half a quantum, so 25 stands for "all".
+    drop = tl.minimum(23 - MANTISSA_BITS + tl.maximum(MIN_EXP - exp, 0), 25)
+    kept = significand >> drop
+    rest = significand - (kept << drop)
+    half = 1 << (drop - 1)
+    round_up = (rest > half) | ((rest == half) & ((kept & 1) == 1))
+    kept = kept + round_up.to(tl.int32)
+    code = tl.minimum(((tl.maximum(exp, MIN_EXP) - MIN_EXP) << MANTISSA_BITS) + kept, MAX_CODE)
+    negative = (bits < 0) & (code != 0)
+    return code | (negative.to(tl.int32) << SIGN_SHIFT)
+
+
+@triton.jit
+def _e2m1_decode(code):
+    """fp32 value of the E2M1 ``code`` (int32, 0..15): 0x8 decodes to -0.0."""
+    magnitude = code & 7
+    # Normal codes (2..7): exponent field magnitude >> 1 (bias 1), mantissa bit magnitude & 1.
+    normal_bits = (((magnitude >> 1) + 126) << 23) | ((magnitude & 1) << 22)
+    value = tl.where(magnitude >= 2, normal_bits.to(tl.float32, bitcast=True), magnitude.to(tl.float32) * 0.5)
+    return tl.where((code & 8) != 0, -value, value)
+
+
+@triton.jit
+def _e4m3_decode(code):
+    """fp32 value of the E4M3FN ``code`` (int32, 0..255): 0x7F / 0xFF are NaN."""
+    magnitude = code & 0x7F
+    exp_field = magnitude >> 3
+    mantissa = magnitude & 7
+    normal_bits = ((exp_field + 120) << 23) | (mantissa << 20)  # exponent exp_field - 7, bias 127
+    subnormal = mantissa.to(tl.float32) * 0.001953125  # mantissa * 2**-9, exact
+    value = tl.where(exp_field == 0, subnormal, normal_bits.to(tl.float32, bitcast=True))
+    value = tl.where(magnitude == 0x7F, float("nan"), value)
+    return tl.where((code & 0x80) != 0, -value, value)
+
+
+@triton.jit
+def _reciprocal_or_zero(y):
+    """vLLM's ``get_reciprocal``: 1 / y with IEEE rounding (not the approximate fp32 divide), 0 for 0."""
+    is_zero = y == 0
+    safe = tl.where(is_zero, 1.0, y)
+    return tl.where(is_zero, 0.0, tl.math.div_rn(tl.full(safe.shape, 1.0, tl.float32), safe))
+
+
+@triton.jit
+def _to_fp32(x):
+    """``x`` widened to fp32 exactly. bf16 goes through its bits: Triton's interpreter mis-converts
+    bf16 subnormals (the GPU's conversion is the same shift)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _narrow_exact(x, dtype: tl.constexpr):
+    """fp32 ``x``, exactly representable in ``dtype``, narrowed to it; bf16 through its bits (the
+    interpreter mis-converts bf16 subnormals; for a representable value the GPU's cvt is the same)."""
+    if dtype == tl.bfloat16:
+        return (x.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _pack_pairs(codes, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+    """[GROUPS, BLOCK] int32 codes -> [GROUPS, BLOCK // 2] bytes, element 2i in the low nibble."""
+    low, high = tl.split(tl.reshape(codes, (GROUPS, BLOCK // 2, 2)))
+    return (low | (high << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _interleave(low, high, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Two [GROUPS, BLOCK // 2] halves -> [GROUPS, BLOCK], ``low`` at even positions (unpacking)."""
+    return tl.reshape(tl.join(low, high), (GROUPS, BLOCK))
+
+
+# --------------------------------------------------------------------------- MXFP4
+
+@triton.jit
+def mxfp4_quantize_kernel(
+    x_ptr, packed_ptr, scales_ptr,
+    x_row_stride, packed_row_stride, scales_row_stride,
+    n_groups,
+    GROUPS: tl.constexpr,
+):
+    # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
+    # (contiguous rows: wide loads).
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    group_ok = group < n_groups
+    cols = group[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+
+    # amax as the integer max of |x|'s bits: exact, and NaN (bits above inf's) cannot be dropped.
+    amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    amax_exp = amax_bits >> 23  # biased: floor(log2(amax)) + 127 for normal amax; 255 for inf / NaN
+    non_finite = amax_exp == 255
+    # scale byte = shared_exp + 127 = floor(log2(amax)) - 2 + 127, clamped below at 0 (2**-127).
+    scale_byte = tl.maximum(amax_exp - 2, 0)
+    # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
+    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
+    codes = _minifloat_code(x * inv_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = tl.where(non_finite[:, None], 0, codes)
+    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
+
+    packed_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(packed_ptr + row * packed_row_stride + packed_cols, _pack_pairs(codes, GROUPS, 32), mask=group_ok[:, None])
+    tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
+
+
+@triton.jit
+def mxfp4_dequantize_kernel(
+    packed_ptr, scales_ptr, out_ptr,
+    packed_row_stride, scales_row_stride, out_row_stride,
+    n_groups,
+    GROUPS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    pair = tl.arange(0, 16)
+    group_ok = group < n_groups
+    packed = tl.load(packed_ptr + row * packed_row_stride + group[:, None] * 16 + pair[None, :],
+                     mask=group_ok[:, None], other=0).to(tl.int32)
+    scale_byte = tl.load(scales_ptr + row * scales_row_stride + group, mask=group_ok, other=0).to(tl.int32)
+    # 2**(byte - 127) from its bits: byte 0 is the fp32 subnormal 2**-127, 0xFF is NaN.
+    scale_bits = tl.where(scale_byte == 0, 0x400000, scale_byte << 23)
+    scale_bits = tl.where(scale_byte == 0xFF, 0x7FC00000, scale_bits)
+    scale = scale_bits.to(tl.float32, bitcast=True)[:, None]
+    # An E2M1 value times a power of two is exact in fp32 (and in bf16 / fp16 unless out of range).
+    values = _interleave(_e2m1_decode(packed & 0xF), _e2m1_decode(packed >> 4), GROUPS, 32) * scale
+    cols = group[:, None] * 32 + tl.arange(0, 32)[None, :]
+    tl.store(out_ptr + row * out_row_stride + cols, _narrow_exact(values, out_ptr.dtype.element_ty),
+             mask=group_ok[:, None])
+
+
+# --------------------------------------------------------------------------- NVFP4
+
+@triton.jit
+def nvfp4_quantize_kernel(
+    x_ptr, global_scale_ptr, packed_ptr, scales_ptr,
+    x_row_stride, packed_row_stride, scales_row_stride,
+    n_groups,
+    GROUPS: tl.constexpr,
+):
+    # Same tiling as mxfp4_quantize_kernel, with blocks of 16.
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    group_ok = group < n_groups
+    cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+    global_scale = tl.load(global_scale_ptr)
+
+    amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    has_nan = amax_bits > 0x7F800000
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
+    block_scale = global_scale * (amax * one_sixth)
+    # E4M3FN: 3 mantissa bits, smallest normal exponent -6, saturating at 0x7E = 448 (as vLLM clamps).
+    scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
+    scale_is_nan = has_nan | (block_scale != block_scale)
+    scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
+    out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
+    codes = _minifloat_code(x * out_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = tl.where(scale_is_nan[:, None], 0, codes)
+
+    packed_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(packed_ptr + row * packed_row_stride + packed_cols, _pack_pairs(codes, GROUPS, 16), mask=group_ok[:, None])
+    tl.store(scales_ptr + row * scales_row_stride + group, scale_code.to(tl.uint8), mask=group_ok)
+
+
+@triton.jit
+def nvfp4_dequantize_kernel(
+    packed_ptr, scales_ptr, global_scale_ptr, out_ptr,
+    packed_row_stride, scales_row_stride, out_row_stride,
+    n_groups,
+    GROUPS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    pair = tl.arange(0, 8)
+    group_ok = group < n_groups
+    packed = tl.load(packed_ptr + row * packed_row_stride + group[:, None] * 8 + pair[None, :],
+                     mask=group_ok[:, None], other=0).to(tl.int32)
+    scale_code = tl.load(scales_ptr + row * scales_row_stride + group, mask=group_ok, other=0).to(tl.int32)
+    global_scale = tl.load(global_scale_ptr)
+    block_scale = tl.math.div_rn(_e4m3_decode(scale_code), tl.broadcast_to(global_scale, (GROUPS,)))
+    values = _interleave(_e2m1_decode(packed & 0xF), _e2m1_decode(packed >> 4), GROUPS, 16) * block_scale[:, None]
+    cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(out_ptr + row * out_row_stride + cols, values.to(out_ptr.dtype.element_ty), mask=group_ok[:, None])
+
+
+# --------------------------------------------------------------------------- references
+
+def _e2m1_codes_reference(scaled: torch.Tensor) -> torch.Tensor:
+    """Signed E2M1 codes of ``scaled``: clamp to 6 (the spec's saturation), then the nearest of the 8
+    magnitudes, ties to the even code; sign bit only on a nonzero magnitude. float64 holds an fp32
+    magnitude's distance to each table value exactly, so ties are seen as ties."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    magnitude = scaled.double().abs().clamp(max=6.0)
+    distance = (magnitude.unsqueeze(-1) - table).abs()
+    best = distance.min(dim=-1, keepdim=True).values
+    candidates = distance == best  # one code, or two adjacent codes on a tie
+    is_even = torch.arange(8) % 2 == 0
+    tie_winner = (candidates & is_even).to(torch.uint8).argmax(dim=-1)
+    single = candidates.to(torch.uint8).argmax(dim=-1)
+    code = torch.where(candidates.sum(dim=-1) > 1, tie_winner, single)
+    negative = torch.signbit(scaled) & (code != 0)
+    return code | (negative.to(code.dtype) << 3)
+
+
+def _pack_reference(codes: torch.Tensor) -> torch.Tensor:
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack_reference(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes -> [..., K] float64 E2M1 values (code 0x8 -> -0.0)."""
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2).long()
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes & 7]
+    return torch.where(codes >= 8, -values, values)
+
+
+def mxfp4_quantize_reference(x: torch.Tensor):
+    """Per the OCP MX v1.0 spec, block by block; see the module docstring for NaN / inf / zero."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, MXFP4_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    _, frexp_exp = torch.frexp(amax)  # amax = m * 2**e with m in [0.5, 1): floor(log2(amax)) = e - 1
+    shared_exp = (frexp_exp.long() - 1 - 2).clamp(-127, 127)
+    shared_exp = torch.where(amax == 0, -127, shared_exp)
+    non_finite = ~torch.isfinite(amax)
+    scaled = blocks.double() / torch.pow(2.0, shared_exp.double()).unsqueeze(-1)  # exact in float64
+    codes = _e2m1_codes_reference(scaled)
+    codes = torch.where(non_finite.unsqueeze(-1), 0, codes)
+    scales = torch.where(non_finite, E8M0_NAN, shared_exp + 127).to(torch.uint8)
+    return _pack_reference(codes.flatten(-2)), scales
+
+
+def mxfp4_dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+    values = _unpack_reference(packed).unflatten(-1, (-1, MXFP4_BLOCK))
+    exponent = scales.double() - 127
+    scale = torch.where(scales == E8M0_NAN, float("nan"), torch.pow(2.0, exponent))
+    return (values * scale.unsqueeze(-1)).flatten(-2).to(dtype)
+
+
+def nvfp4_quantize_reference(x: torch.Tensor, global_scale: torch.Tensor):
+    """vLLM's ``ref_nvfp4_quant``, op by op in fp32, with exact RNE E2M1 codes and defined NaN blocks."""
+    global_scale = global_scale.float().reshape(())
+    blocks = x.float().reshape(*x.shape[:-1], -1, NVFP4_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+
+    def reciprocal(y):
+        return torch.where(y == 0, torch.zeros_like(y), 1.0 / y)
+
+    block_scale = global_scale * (amax * torch.tensor(1 / 6, dtype=torch.float32))
+    scale_is_nan = torch.isnan(amax) | torch.isnan(block_scale)
+    scale_fp8 = block_scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scale_bytes = torch.where(scale_is_nan, E4M3_NAN, scale_fp8.view(torch.uint8).int()).to(torch.uint8)
+    out_scale = reciprocal(scale_fp8.float() * reciprocal(global_scale))
+    codes = _e2m1_codes_reference(blocks * out_scale.unsqueeze(-1))
+    codes = torch.where(scale_is_nan.unsqueeze(-1), 0, codes)
+    return _pack_reference(codes.flatten(-2)), scale_bytes.view(torch.float8_e4m3fn)
+
+
+def nvfp4_dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                               dtype: torch.dtype):
+    values = _unpack_reference(packed).float().unflatten(-1, (-1, NVFP4_BLOCK))
+    block_scale = scales.view(torch.float8_e4m3fn).float() / global_scale.float().reshape(())
+    return (values * block_scale.unsqueeze(-1)).flatten(-2).to(dtype)

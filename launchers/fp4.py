@@ -1,0 +1,202 @@
+"""MXFP4 / NVFP4 quantize and dequantize launchers: shapes and dtypes in, launch specs out.
+
+Formats, rounding and the NaN / inf / zero-block conventions are documented in ``kernels/fp4.py``.
+Every kernel takes a [rows, K] view (unit stride along K) and runs on a (rows, K chunks) grid.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..jit import JitKernel, Launch
+from ..kernels.fp4 import (
+    MXFP4_BLOCK,
+    NVFP4_BLOCK,
+    mxfp4_dequantize_kernel,
+    mxfp4_quantize_kernel,
+    nvfp4_dequantize_kernel,
+    nvfp4_quantize_kernel,
+)
+
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_ELEMENTS_PER_PROGRAM = 1024  # memory bound: 8 elements per thread at 4 warps
+
+
+def _groups_per_program(n_groups: int, block: int) -> int:
+    return min(_ELEMENTS_PER_PROGRAM // block, triton.next_power_of_2(n_groups))
+
+
+def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple) -> Launch | None:
+    # The token count only sizes the grid (rows are never passed), so every batch size shares one
+    # binary; K, the group count and the row strides are per-model constants worth specializing.
+    if n_rows == 0 or n_groups == 0:
+        return None
+    groups = _groups_per_program(n_groups, block)
+    return Launch(grid=(n_rows, triton.cdiv(n_groups, groups)), args=args + (n_groups,),
+                  constexprs=dict(GROUPS=groups), num_warps=4)
+
+
+def mxfp4_quantize_launch(x, packed, scales) -> Launch | None:
+    return _grid_launch(x.shape[0], x.shape[1] // MXFP4_BLOCK, MXFP4_BLOCK,
+                        (x, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)))
+
+
+def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
+    return _grid_launch(out.shape[0], out.shape[1] // MXFP4_BLOCK, MXFP4_BLOCK,
+                        (packed, scales, out, packed.stride(0), scales.stride(0), out.stride(0)))
+
+
+def nvfp4_quantize_launch(x, global_scale, packed, scales) -> Launch | None:
+    return _grid_launch(x.shape[0], x.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
+                        (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)))
+
+
+def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:
+    return _grid_launch(out.shape[0], out.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
+                        (packed, scales, global_scale, out, packed.stride(0), scales.stride(0), out.stride(0)))
+
+
+mxfp4_quantize_jit = JitKernel(mxfp4_quantize_kernel, mxfp4_quantize_launch)
+mxfp4_dequantize_jit = JitKernel(mxfp4_dequantize_kernel, mxfp4_dequantize_launch)
+nvfp4_quantize_jit = JitKernel(nvfp4_quantize_kernel, nvfp4_quantize_launch)
+nvfp4_dequantize_jit = JitKernel(nvfp4_dequantize_kernel, nvfp4_dequantize_launch)
+
+
+# --------------------------------------------------------------------------- shape checks
+
+def _rows(x: torch.Tensor, block: int, name: str) -> torch.Tensor:
+    """``x`` as [rows, K] with a unit stride along K, after checking dtype and K % block."""
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{name} input must be bfloat16, float16 or float32, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] % block != 0:
+        raise ValueError(f"{name} needs the last dim to be a multiple of {block}, got shape {tuple(x.shape)}")
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _packed_rows(packed: torch.Tensor, scales: torch.Tensor, block: int, name: str):
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"{name}: packed must be uint8, got {packed.dtype}")
+    k = packed.shape[-1] * 2 if packed.dim() else 0
+    if packed.dim() == 0 or k % block != 0:
+        raise ValueError(f"{name}: packed last dim must be a multiple of {block // 2}, got {tuple(packed.shape)}")
+    if scales.shape != packed.shape[:-1] + (k // block,):
+        raise ValueError(f"{name}: scales shape {tuple(scales.shape)} does not match packed {tuple(packed.shape)}")
+    packed2 = packed.reshape(-1, k // 2)
+    scales2 = scales.reshape(-1, k // block)
+    return (packed2 if packed2.stride(-1) == 1 else packed2.contiguous(),
+            scales2 if scales2.stride(-1) == 1 else scales2.contiguous(), k)
+
+
+def _check_global_scale(global_scale: torch.Tensor) -> torch.Tensor:
+    if global_scale.dtype != torch.float32 or global_scale.numel() != 1 or global_scale.dim() > 1:
+        raise ValueError("global_scale must be a 0-d or [1] float32 tensor")
+    return global_scale
+
+
+def _check_out_dtype(dtype: torch.dtype) -> None:
+    if dtype not in INPUT_DTYPES:
+        raise TypeError(f"dequantize dtype must be bfloat16, float16 or float32, got {dtype}")
+
+
+# --------------------------------------------------------------------------- public API
+
+def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MXFP4: ``(packed uint8 [..., K/2], E8M0 scales uint8 [..., K/32])``; K % 32 == 0."""
+    x2 = _rows(x, MXFP4_BLOCK, "mxfp4_quantize")
+    k = x2.shape[1]
+    packed = torch.empty((x2.shape[0], k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((x2.shape[0], k // MXFP4_BLOCK), dtype=torch.uint8, device=x.device)
+    mxfp4_quantize_jit(x2, packed, scales)
+    lead = tuple(x.shape[:-1])
+    return packed.view(lead + (k // 2,)), scales.view(lead + (k // MXFP4_BLOCK,))
+
+
+def mxfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4 back to ``dtype`` ([..., K]); exact (every MXFP4 value is representable) unless it
+    overflows or underflows ``dtype``."""
+    _check_out_dtype(dtype)
+    if scales.dtype != torch.uint8:
+        raise TypeError(f"mxfp4_dequantize: scales must be uint8 (E8M0), got {scales.dtype}")
+    packed2, scales2, k = _packed_rows(packed, scales, MXFP4_BLOCK, "mxfp4_dequantize")
+    out = torch.empty((packed2.shape[0], k), dtype=dtype, device=packed.device)
+    mxfp4_dequantize_jit(packed2, scales2, out)
+    return out.view(tuple(packed.shape[:-1]) + (k,))
+
+
+def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4: ``(packed uint8 [..., K/2], scales float8_e4m3fn [..., K/16])``; K % 16 == 0.
+
+    ``global_scale`` (0-d or [1] fp32, usually 448 * 6 / amax(x)) multiplies x into the FP8 scale range.
+    """
+    x2 = _rows(x, NVFP4_BLOCK, "nvfp4_quantize")
+    _check_global_scale(global_scale)
+    k = x2.shape[1]
+    packed = torch.empty((x2.shape[0], k // 2), dtype=torch.uint8, device=x.device)
+    scale_bits = torch.empty((x2.shape[0], k // NVFP4_BLOCK), dtype=torch.uint8, device=x.device)
+    nvfp4_quantize_jit(x2, global_scale, packed, scale_bits)
+    lead = tuple(x.shape[:-1])
+    return packed.view(lead + (k // 2,)), scale_bits.view(lead + (k // NVFP4_BLOCK,)).view(torch.float8_e4m3fn)
+
+
+def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """NVFP4 back to ``dtype`` ([..., K]): e2m1 * (scale / global_scale), rounded once to ``dtype``."""
+    _check_out_dtype(dtype)
+    _check_global_scale(global_scale)
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"nvfp4_dequantize: scales must be float8_e4m3fn, got {scales.dtype}")
+    packed2, scales2, k = _packed_rows(packed, scales.view(torch.uint8), NVFP4_BLOCK, "nvfp4_dequantize")
+    out = torch.empty((packed2.shape[0], k), dtype=dtype, device=packed.device)
+    nvfp4_dequantize_jit(packed2, scales2, global_scale, out)
+    return out.view(tuple(packed.shape[:-1]) + (k,))
+
+
+# --------------------------------------------------------------------------- custom ops
+
+@torch.library.custom_op("tritonwarm::mxfp4_quantize", mutates_args=())
+def _mxfp4_quantize_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    packed, scales = mxfp4_quantize(x)
+    return packed, scales
+
+
+@_mxfp4_quantize_op.register_fake
+def _(x):
+    k = x.shape[-1]
+    return (x.new_empty(x.shape[:-1] + (k // 2,), dtype=torch.uint8),
+            x.new_empty(x.shape[:-1] + (k // MXFP4_BLOCK,), dtype=torch.uint8))
+
+
+@torch.library.custom_op("tritonwarm::mxfp4_dequantize", mutates_args=())
+def _mxfp4_dequantize_op(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return mxfp4_dequantize(packed, scales, dtype)
+
+
+@_mxfp4_dequantize_op.register_fake
+def _(packed, scales, dtype):
+    return packed.new_empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=dtype)
+
+
+@torch.library.custom_op("tritonwarm::nvfp4_quantize", mutates_args=())
+def _nvfp4_quantize_op(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    packed, scales = nvfp4_quantize(x, global_scale)
+    return packed, scales
+
+
+@_nvfp4_quantize_op.register_fake
+def _(x, global_scale):
+    k = x.shape[-1]
+    return (x.new_empty(x.shape[:-1] + (k // 2,), dtype=torch.uint8),
+            x.new_empty(x.shape[:-1] + (k // NVFP4_BLOCK,), dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("tritonwarm::nvfp4_dequantize", mutates_args=())
+def _nvfp4_dequantize_op(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
+                         dtype: torch.dtype) -> torch.Tensor:
+    return nvfp4_dequantize(packed, scales, global_scale, dtype)
+
+
+@_nvfp4_dequantize_op.register_fake
+def _(packed, scales, global_scale, dtype):
+    return packed.new_empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=dtype)
