@@ -1,0 +1,103 @@
+"""Fast dispatch must launch exactly the compiled kernel Triton's own path would pick, for every
+kernel of the library (every row of every shipped spec), and defer to Triton for anything new."""
+
+import pathlib
+
+import pytest
+import torch
+
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.compile import triton_cache_dir
+from tritonwarm.jit.kernel import FakeLaunchSink, Launch, fake_launches
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.targets import target_driver
+
+SPECS = pathlib.Path(__file__).parent.parent / "warmup_specs"
+
+
+class Recorder(FakeLaunchSink):
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, kernel, launch, target):
+        self.launches.append((kernel, launch))
+
+
+def materialize(value):
+    """A CPU tensor with the meta tensor's dtype, shape, strides and alignment class."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        span = value.storage_offset() + sum((s - 1) * st for s, st in zip(value.shape, value.stride())) + 1
+        base = torch.zeros(max(span, 1) + 16, dtype=value.dtype)
+        shift = (-base.data_ptr() // base.element_size()) % (16 // base.element_size() or 1)  # 16-byte aligned start
+        return base[shift:].as_strided(value.shape, value.stride(), shift + value.storage_offset())
+    return value
+
+
+def library_launches():
+    recorder = Recorder()
+    with fake_launches(recorder, TARGETS["sm90"]):
+        for spec in load_specs([SPECS]):
+            for row in spec.rows():
+                args, kwargs = spec.call_arguments(row.values)
+                spec.launcher(*args, **kwargs)
+    return recorder.launches
+
+
+def stub(kernel):
+    """No driver here: make the compiled kernel's launch a no-op (both paths call the same one)."""
+    calls = []
+    kernel._run = lambda *args: calls.append(args)
+    kernel.function, kernel.module = 0, object()
+    return calls
+
+
+def test_fast_path_picks_tritons_kernel_for_every_library_launch(compile_cache_dir):
+    launches = library_launches()
+    kernels = {kernel.name for kernel, _ in launches}
+    assert len(kernels) >= 5 and len(launches) > 50
+    fast_hits = 0
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(compile_cache_dir):
+        for kernel, meta_launch in launches:
+            launch = Launch(meta_launch.grid, tuple(materialize(a) for a in meta_launch.args),
+                            meta_launch.constexprs, meta_launch.num_warps, meta_launch.num_stages,
+                            meta_launch.options)
+            expected = kernel.jit_function.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+            calls = stub(expected)
+            kernel.fast.launch(launch)  # first time: Triton's path, remembered
+            chosen = kernel.fast.chosen_kernel(launch)
+            assert chosen is not None and chosen.hash == expected.hash, kernel.name
+            assert kernel.fast.launch(launch) is expected  # second time: the direct call
+            assert len(calls) == 2 and calls[0][9:] == calls[1][9:]  # same arguments both ways
+            fast_hits += 1
+    assert fast_hits == len(launches)
+
+
+def test_new_classes_go_through_triton(compile_cache_dir):
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(compile_cache_dir):
+        aligned = rms_norm_launch(x, w, torch.empty_like(x), 1e-6)
+        unaligned_x = torch.randn(4 * 64 + 1)[1:].view(4, 64)
+        unaligned = rms_norm_launch(unaligned_x, w, torch.empty_like(x), 1e-6)
+        k_aligned = rms_norm_jit.jit_function.run(*aligned.args, grid=aligned.grid, warmup=True, **aligned.kwargs())
+        stub(k_aligned)
+        rms_norm_jit.fast.launch(aligned)
+        assert rms_norm_jit.fast.chosen_kernel(unaligned) is None  # another class: not in the fast cache
+        k_unaligned = rms_norm_jit.jit_function.run(*unaligned.args, grid=unaligned.grid, warmup=True,
+                                                    **unaligned.kwargs())
+        stub(k_unaligned)
+        assert rms_norm_jit.fast.launch(unaligned) is k_unaligned and k_unaligned.hash != k_aligned.hash
+        assert rms_norm_jit.fast.chosen_kernel(unaligned) is k_unaligned
+
+
+@pytest.mark.parametrize("value,expected", [(1, -1), (16, 1), (17, 0), (-16, 1), (2**31, 3), (2**31 + 1, 2),
+                                            (2**63, 5), (2**63 + 3, 4)])
+def test_int_classes_match_tritons(value, expected):
+    from tritonwarm.jit.dispatch import _classifier
+    from tritonwarm.jit.specialization import scalar_class
+
+    code = _classifier((int,), [(True, True)])((value,))[0]
+    assert code == expected
+    names = {-1: "one", 0: "i32", 1: "i32:div16", 2: "i64", 3: "i64:div16", 4: "u64", 5: "u64:div16"}
+    assert names[code] == scalar_class(value)
