@@ -5,12 +5,17 @@ Importing this package also registers each launcher as a PyTorch custom op (``to
 
 from .activation import silu_and_mul
 from .fp4 import mxfp4_dequantize, mxfp4_quantize, nvfp4_dequantize, nvfp4_quantize
+from .kv_block_zero import kv_block_zero
+from .kv_cache import KVCacheLayout
+from .mla_metadata import mla_decode_metadata
 from .moe_align import moe_align_block_size
 from .moe_routing import moe_topk_routing
+from .paged_attention import paged_decode_attention
 from .rms_norm import rms_norm
 from .rotary import rotary_embedding
 
 __all__ = [
-    "moe_align_block_size", "moe_topk_routing", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize",
-    "nvfp4_quantize", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "KVCacheLayout", "kv_block_zero", "mla_decode_metadata", "moe_align_block_size", "moe_topk_routing",
+    "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize", "paged_decode_attention",
+    "rms_norm", "rotary_embedding", "silu_and_mul",
 ]

@@ -1,0 +1,190 @@
+"""Split-KV paged decode attention (one query token per request) and its PyTorch reference.
+
+Two kernels, scheduled by ``kernels/mla_metadata.py``:
+
+1. ``paged_decode_attention_split_kernel``: program (part, kv head, head tile) walks the block
+   range its part owns (possibly several requests) and, per request, writes one *partial* result:
+   the softmax-normalized output over those blocks and its log-sum-exp (base 2), in fp32, into the
+   request's split slot.
+2. ``paged_decode_attention_combine_kernel``: program (request, head) merges the request's
+   partials by their log-sum-exp into the final output.
+
+The KV cache layout is ``launchers/kv_cache.py``'s: keys and values are read through two views of
+the same tensor, so GQA (packed ``[K | V]`` entries, ``HEADS_PER_KV`` query heads per kv head) and
+MLA (one latent kv head; the value is the first ``VALUE_DIM`` dims of the key) are the same code.
+A key wider than a power of two (MLA's 512 + 64) is processed as a main chunk plus a tail chunk so no
+tile is padded to 1024.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["block_table_stride"])
+def paged_decode_attention_split_kernel(
+    q_ptr, key_ptr, value_ptr, block_table_ptr, seq_lens_ptr, schedule_ptr, num_splits_ptr,
+    partial_out_ptr, partial_lse_ptr,
+    q_batch_stride, q_head_stride,
+    cache_block_stride, cache_token_stride, cache_head_stride,
+    block_table_stride,
+    partial_split_stride, partial_head_stride, lse_split_stride,
+    scale_log2,
+    SCHEDULE_WIDTH: tl.constexpr, PAGE_SIZE: tl.constexpr, HEADS_PER_KV: tl.constexpr,
+    KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+):
+    # INTERPRETER (CPU tests only; False in every GPU binary) works around two bugs of Triton's
+    # interpreter: it multiplies bf16 dot operands as their raw uint16 bits (so dots run in fp32 there:
+    # bf16 x bf16 products are exact in fp32), and Triton 3.6's cannot take a loaded value as a
+    # range() bound (tensor.__index__ fails on NumPy 2). The outer loop is a while loop for that;
+    # the hot token loop stays a for loop, which compiles to far fewer registers than a while loop
+    # (MLA on sm90: 162 vs 255 plus a stack frame), so only the interpreter converts its bounds.
+    part = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    schedule = schedule_ptr + part * SCHEDULE_WIDTH
+    # int64 loop variables: request and split offsets cannot overflow.
+    begin_req = tl.load(schedule + 0).to(tl.int64)
+    begin_block = tl.load(schedule + 1)
+    end_req = tl.load(schedule + 2).to(tl.int64)  # inclusive; -1 when the part has no work
+    end_block = tl.load(schedule + 3)
+    begin_split = tl.load(schedule + 4)
+
+    group_row = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_mask = group_row < HEADS_PER_KV
+    heads = kv_head * HEADS_PER_KV + group_row
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < KEY_DIM
+    dv = tl.arange(0, BLOCK_DV)
+    dv_mask = dv < VALUE_DIM
+    if BLOCK_D_TAIL > 0:
+        d_tail = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        d_tail_mask = d_tail < KEY_DIM
+    head_offset = kv_head.to(tl.int64) * cache_head_stride
+
+    request = begin_req
+    while request <= end_req:
+        seq_len = tl.load(seq_lens_ptr + request)
+        block_lo = tl.where(request == begin_req, begin_block, 0)
+        block_hi = tl.where(request == end_req, end_block, (seq_len + PAGE_SIZE - 1) // PAGE_SIZE)
+        split = (tl.load(num_splits_ptr + request) + tl.where(request == begin_req, begin_split, 0)).to(tl.int64)
+        token_lo = block_lo * PAGE_SIZE
+        token_hi = tl.minimum(block_hi * PAGE_SIZE, seq_len)
+
+        q_rows = q_ptr + request * q_batch_stride + heads[:, None] * q_head_stride
+        q = tl.load(q_rows + d[None, :], mask=head_mask[:, None] & d_mask[None, :], other=0.0)
+        if INTERPRETER:
+            q = q.to(tl.float32)
+        if BLOCK_D_TAIL > 0:
+            q_tail = tl.load(q_rows + d_tail[None, :], mask=head_mask[:, None] & d_tail_mask[None, :], other=0.0)
+            if INTERPRETER:
+                q_tail = q_tail.to(tl.float32)
+        table_row = block_table_ptr + request * block_table_stride
+
+        row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        row_sum = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+        if INTERPRETER:  # plain Python here: this branch is never compiled
+            token_lo, token_hi = token_lo.handle.data.item(), token_hi.handle.data.item()
+        for token_start in range(token_lo, token_hi, BLOCK_N):
+            tokens = token_start + tl.arange(0, BLOCK_N)
+            token_mask = tokens < token_hi
+            block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
+            rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride + head_offset
+            k = tl.load(key_ptr + rows[:, None] + d[None, :], mask=token_mask[:, None] & d_mask[None, :], other=0.0)
+            if INTERPRETER:
+                k = k.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            if BLOCK_D_TAIL > 0:
+                k_tail = tl.load(key_ptr + rows[:, None] + d_tail[None, :],
+                                 mask=token_mask[:, None] & d_tail_mask[None, :], other=0.0)
+                if INTERPRETER:
+                    k_tail = k_tail.to(tl.float32)
+                scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
+            scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            # Every tile holds at least one real token, but keep -inf - -inf (NaN) impossible anyway.
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            rescale = tl.exp2(row_max - safe_max)
+            probs = tl.exp2(scores - safe_max[:, None])
+            row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+            # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
+            v = tl.load(value_ptr + rows[:, None] + dv[None, :], mask=token_mask[:, None] & dv_mask[None, :], other=0.0)
+            if INTERPRETER:
+                v = v.to(tl.float32)
+            acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
+            row_max = new_max
+
+        # A request inside the range with no blocks (seq_len 0) has no split slot: write nothing.
+        # (One vector comparison, not scalar & vector, which the interpreter turns into an int32 mask.)
+        live_heads = group_row < tl.where(token_hi > token_lo, HEADS_PER_KV, 0)
+        safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+        out = acc / safe_sum[:, None]
+        lse = tl.where(row_sum > 0.0, row_max + tl.log2(safe_sum), float("-inf"))
+        partial_rows = partial_out_ptr + split * partial_split_stride + heads[:, None] * partial_head_stride
+        tl.store(partial_rows + dv[None, :], out, mask=live_heads[:, None] & dv_mask[None, :])
+        tl.store(partial_lse_ptr + split * lse_split_stride + heads, lse, mask=live_heads)
+        request += 1
+
+
+@triton.jit
+def paged_decode_attention_combine_kernel(
+    partial_out_ptr, partial_lse_ptr, num_splits_ptr, out_ptr,
+    partial_split_stride, partial_head_stride, lse_split_stride,
+    out_batch_stride, out_head_stride,
+    VALUE_DIM: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    # Program (request, head). A request with no split (seq_len 0) gets zeros, not 0/0.
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    dv = tl.arange(0, BLOCK_DV)
+    dv_mask = dv < VALUE_DIM
+    split_lo = tl.load(num_splits_ptr + request).to(tl.int64)  # int64: split offsets cannot overflow
+    split_hi = tl.load(num_splits_ptr + request + 1).to(tl.int64)
+
+    running_max = float("-inf")
+    running_sum = 0.0
+    acc = tl.zeros([BLOCK_DV], tl.float32)
+    split = split_lo
+    while split < split_hi:  # while, not range(): see the split kernel's INTERPRETER note
+        lse = tl.load(partial_lse_ptr + split * lse_split_stride + head)
+        part_out = tl.load(partial_out_ptr + split * partial_split_stride + head * partial_head_stride + dv,
+                           mask=dv_mask, other=0.0)
+        new_max = tl.maximum(running_max, lse)
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: weights 0, not NaN
+        rescale = tl.exp2(running_max - safe_max)
+        weight = tl.exp2(lse - safe_max)
+        acc = acc * rescale + weight * part_out
+        running_sum = running_sum * rescale + weight
+        running_max = new_max
+        split += 1
+    out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)
+    out_row = out_ptr + request * out_batch_stride + head * out_head_stride
+    tl.store(out_row + dv, out.to(out_ptr.dtype.element_ty), mask=dv_mask)
+
+
+def paged_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, layout):
+    """Gather each request's keys and values token by token, then plain softmax attention in fp32.
+
+    ``layout`` is the cache's ``KVCacheLayout``. A request of length 0 attends to nothing: zeros.
+    """
+    batch, num_heads, _ = q.shape
+    heads_per_kv = num_heads // layout.num_kv_heads
+    keys, values = layout.keys(kv_cache).float(), layout.values(kv_cache).float()
+    out = torch.zeros(batch, num_heads, layout.value_dim, dtype=torch.float32)
+    for request in range(batch):
+        length = int(seq_lens[request])
+        if length == 0:
+            continue
+        positions = torch.arange(length)
+        blocks = block_table[request, positions // layout.block_size].long()
+        rows = positions % layout.block_size
+        k = keys[blocks, rows]  # [length, num_kv_heads, key_dim]
+        v = values[blocks, rows]
+        for head in range(num_heads):
+            kv_head = head // heads_per_kv
+            scores = (k[:, kv_head] @ q[request, head].float()) * scale
+            out[request, head] = torch.softmax(scores, dim=0) @ v[:, kv_head]
+    return out.to(q.dtype)

@@ -1,0 +1,175 @@
+"""``paged_decode_attention``: split-KV decode attention over the paged KV cache of ``kv_cache.py``.
+
+One call = the schedule (``mla_decode_metadata``, unless the caller passes it: the engine computes
+it once per step and reuses it for every layer), the split kernel (partials + log-sum-exp per split)
+and the combine kernel. Device code and the exact algorithm: ``kernels/paged_attention.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+
+from ..jit import JitKernel, Launch
+from ..kernels.paged_attention import paged_decode_attention_combine_kernel, paged_decode_attention_split_kernel
+from .kv_cache import KVCacheLayout
+from .mla_metadata import SCHEDULE_WIDTH, mla_decode_metadata
+
+# SM count assumed when the device is not a GPU (interpreter, meta tensors while tracing). The part
+# count it leads to is a runtime int that only sizes grids, so it never changes a binary.
+NOMINAL_SM_COUNT = 16
+MIN_BLOCK = 16  # tl.dot needs every tile dim >= 16
+
+
+def _head_tile(heads_per_kv: int) -> int:
+    # Query heads of one kv head share its K/V loads in one tl.dot; pad to the dot's minimum of 16
+    # rows (GQA's 4 heads waste rows but not memory traffic, which is what decode is bound by).
+    return max(MIN_BLOCK, min(triton.next_power_of_2(heads_per_kv), 64))
+
+
+def _key_chunks(key_dim: int) -> tuple[int, int]:
+    """Main chunk = the largest power of two <= key_dim; the rest (MLA's rope 64) a padded tail."""
+    main = max(MIN_BLOCK, 1 << (key_dim.bit_length() - 1))
+    rest = key_dim - main
+    return main, (max(MIN_BLOCK, triton.next_power_of_2(rest)) if rest > 0 else 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int) -> int:
+    """FlashMLA's rule: one wave of the split grid, ``SMs // (kv heads * head tiles)`` parts.
+
+    Independent of the batch: a small batch simply leaves trailing parts empty (they exit at once).
+    """
+    heads_per_kv = num_heads // num_kv_heads
+    head_tiles = triton.cdiv(heads_per_kv, _head_tile(heads_per_kv))
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else NOMINAL_SM_COUNT
+    return max(1, sms // (num_kv_heads * head_tiles))
+
+
+def _runs_in_interpreter(tensor: torch.Tensor) -> bool:
+    if tensor.device.type == "meta":  # traced for a real GPU target
+        return False
+    return tensor.device.type == "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, schedule, num_splits,
+                                        partial_out, partial_lse, scale: float, value_dim: int) -> Launch | None:
+    batch, num_heads, key_dim = q.shape
+    if batch == 0:
+        return None
+    layout = KVCacheLayout.infer(kv_cache, key_dim, value_dim)
+    heads_per_kv = num_heads // layout.num_kv_heads
+    block_h = _head_tile(heads_per_kv)
+    block_d, block_d_tail = _key_chunks(key_dim)
+    # MLA's 576-wide keys: smaller token tiles, more warps for the [16, 512] fp32 accumulator, and
+    # no software pipelining, which keeps shared memory at 52 KB on sm90 and 32 KB on gfx942
+    # (two stages would need 68 KB there, over its 64 KB LDS).
+    wide = key_dim > 256
+    # The batch only appears through the schedule and the grid; block_table's row stride (the max
+    # blocks per request, a deployment setting) is do_not_specialize; strides of the cache, q and
+    # the partial buffers are per-model constants whose div-16 specialization pays for itself.
+    return Launch(
+        grid=(schedule.shape[0], layout.num_kv_heads, triton.cdiv(heads_per_kv, block_h)),
+        args=(q, layout.keys(kv_cache), layout.values(kv_cache), block_table, seq_lens, schedule, num_splits,
+              partial_out, partial_lse,
+              q.stride(0), q.stride(1),
+              kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+              block_table.stride(0),
+              partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+              float(scale) * math.log2(math.e)),
+        constexprs=dict(SCHEDULE_WIDTH=SCHEDULE_WIDTH, PAGE_SIZE=layout.block_size, HEADS_PER_KV=heads_per_kv,
+                        KEY_DIM=key_dim, VALUE_DIM=layout.value_dim,
+                        BLOCK_H=block_h, BLOCK_N=32 if wide else 64,
+                        BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail,
+                        BLOCK_DV=max(MIN_BLOCK, triton.next_power_of_2(layout.value_dim)),
+                        INTERPRETER=_runs_in_interpreter(q)),
+        num_warps=8 if wide else 4,
+        num_stages=1 if wide else 2,
+    )
+
+
+def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, out) -> Launch | None:
+    batch, num_heads, value_dim = out.shape
+    if batch == 0:
+        return None
+    block_dv = max(MIN_BLOCK, triton.next_power_of_2(value_dim))
+    # The batch only sizes the grid: one binary per model geometry and dtype.
+    return Launch(
+        grid=(batch, num_heads),
+        args=(partial_out, partial_lse, num_splits, out,
+              partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+              out.stride(0), out.stride(1)),
+        constexprs=dict(VALUE_DIM=value_dim, BLOCK_DV=block_dv),
+        num_warps=4 if block_dv >= 512 else 2,
+    )
+
+
+paged_decode_attention_split_jit = JitKernel(paged_decode_attention_split_kernel, paged_decode_attention_split_launch)
+paged_decode_attention_combine_jit = JitKernel(paged_decode_attention_combine_kernel, paged_decode_attention_combine_launch)
+
+
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, metadata=None, v_head_dim: int | None = None):
+    """Decode attention of ``q [batch, num_heads, key_dim]`` over a paged ``kv_cache``.
+
+    ``kv_cache`` is ``[num_blocks, block_size, num_kv_heads, entry_dim]`` (``KVCacheLayout``):
+    GQA packs ``[K | V]`` per kv head (``v_head_dim`` None or ``key_dim``); MLA has one latent kv head
+    whose value is the first ``v_head_dim`` dims of its ``key_dim``-wide key. ``block_table`` int32
+    ``[batch, max_blocks]``, ``seq_lens`` int32 ``[batch]`` (0 gives a zero output). ``metadata`` is
+    ``mla_decode_metadata``'s ``(schedule, num_splits)``; None computes it with
+    ``default_num_sm_parts``. Returns ``[batch, num_heads, value_dim]`` in q's dtype (math in fp32).
+    """
+    batch, num_heads, key_dim = q.shape
+    layout = KVCacheLayout.infer(kv_cache, key_dim, v_head_dim)
+    if num_heads % layout.num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not divide into {layout.num_kv_heads} kv heads")
+    if kv_cache.dtype != q.dtype:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from q dtype {q.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q must have a unit stride along the head dim")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
+            or block_table.stride(-1) != 1:
+        raise ValueError(f"block_table must be int32 [batch, max_blocks] with unit stride, got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
+        raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    if metadata is None:
+        num_parts = default_num_sm_parts(q.device, layout.num_kv_heads, num_heads)
+        metadata = mla_decode_metadata(seq_lens, num_heads, layout.block_size, num_parts)
+    schedule, num_splits = metadata
+    if schedule.dim() != 2 or schedule.shape[1] != SCHEDULE_WIDTH or tuple(num_splits.shape) != (batch + 1,):
+        raise ValueError("metadata must be mla_decode_metadata's (schedule [parts, 8], num_splits [batch + 1])")
+
+    # Worst case of the schedule: one split per request plus one per cut between parts.
+    max_splits = batch + schedule.shape[0]
+    partial_out = torch.empty(max_splits, num_heads, layout.value_dim, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(max_splits, num_heads, dtype=torch.float32, device=q.device)
+    out = torch.empty(batch, num_heads, layout.value_dim, dtype=q.dtype, device=q.device)
+    paged_decode_attention_split_jit(q, kv_cache, block_table, seq_lens, schedule, num_splits,
+                                     partial_out, partial_lse, scale, layout.value_dim)
+    paged_decode_attention_combine_jit(partial_out, partial_lse, num_splits, out)
+    return out
+
+
+@torch.library.custom_op("tritonwarm::paged_decode_attention", mutates_args=())
+def _paged_decode_attention_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                               seq_lens: torch.Tensor, scale: float,
+                               schedule: torch.Tensor | None = None, num_splits: torch.Tensor | None = None,
+                               v_head_dim: int | None = None) -> torch.Tensor:
+    metadata = None if schedule is None else (schedule, num_splits)
+    return paged_decode_attention(q, kv_cache, block_table, seq_lens, scale, metadata, v_head_dim)
+
+
+@_paged_decode_attention_op.register_fake
+def _(q, kv_cache, block_table, seq_lens, scale, schedule=None, num_splits=None, v_head_dim=None):
+    value_dim = q.shape[-1] if v_head_dim is None else v_head_dim
+    return q.new_empty(q.shape[0], q.shape[1], value_dim)

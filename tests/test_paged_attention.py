@@ -1,0 +1,192 @@
+"""paged_decode_attention: split-KV decode over the paged KV cache, GQA and MLA geometries."""
+
+import math
+import pathlib
+import tempfile
+
+import pytest
+import torch
+
+from tritonwarm.jit import TARGETS, fake_tensor, trace_call
+from tritonwarm.jit.resources import resource_usage
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import plan
+from tritonwarm.kernels.mla_metadata import mla_decode_metadata_reference
+from tritonwarm.kernels.paged_attention import paged_decode_attention_reference
+from tritonwarm.launchers.kv_cache import KVCacheLayout
+from tritonwarm.launchers.mla_metadata import mla_decode_metadata
+from tritonwarm.launchers.paged_attention import paged_decode_attention
+
+SPEC = pathlib.Path(__file__).parent.parent / "warmup_specs" / "paged_decode_attention.yaml"
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def make_inputs(layout, num_heads, seq_lens, dtype, seed, nan_poison=True):
+    """Random q and cache; each request gets distinct shuffled blocks. With ``nan_poison``, every cache
+    row no request may read (unused blocks, rows past a request's end) holds NaN."""
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.randn(layout.shape, generator=g).to(dtype)
+    blocks_per_request = [-(-n // layout.block_size) for n in seq_lens]
+    width = max(blocks_per_request + [1]) + 1  # one spare column: the table is wider than needed
+    order = torch.randperm(layout.num_blocks, generator=g)
+    block_table = torch.full((len(seq_lens), width), 10**6, dtype=torch.int32)  # junk past the end
+    readable = torch.zeros(layout.num_blocks, layout.block_size, dtype=torch.bool)
+    used = 0
+    for request, (length, n) in enumerate(zip(seq_lens, blocks_per_request)):
+        block_table[request, :n] = order[used:used + n].to(torch.int32)
+        used += n
+        for position in range(length):
+            readable[block_table[request, position // layout.block_size], position % layout.block_size] = True
+    if nan_poison:
+        cache[~readable] = float("nan")
+    q = torch.randn(len(seq_lens), num_heads, layout.key_dim, generator=g).to(dtype)
+    return q, cache, block_table, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def check(layout, num_heads, seq_lens, dtype, seed=0, metadata=None, v_head_dim=None, q=None):
+    q_, cache, block_table, lens = make_inputs(layout, num_heads, seq_lens, dtype, seed)
+    q = q_ if q is None else q
+    scale = 1 / math.sqrt(layout.key_dim)
+    if callable(metadata):
+        metadata = metadata(lens)
+    out = paged_decode_attention(q, cache, block_table, lens, scale, metadata, v_head_dim)
+    expected = paged_decode_attention_reference(q, cache, block_table, lens, scale, layout)
+    assert out.dtype == q.dtype and out.shape == (len(seq_lens), num_heads, layout.value_dim)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
+    return out
+
+
+GQA = KVCacheLayout.gqa(num_blocks=24, block_size=16, num_kv_heads=2, head_dim=32)
+MLA = KVCacheLayout.mla(num_blocks=24, block_size=16, kv_lora_rank=64, rope_dim=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads_per_kv", [1, 3])
+def test_gqa_matches_reference(dtype, heads_per_kv):
+    # lengths: one token, exactly one block, exactly two blocks, mid-block
+    check(GQA, 2 * heads_per_kv, [1, 16, 32, 45], dtype, seed=heads_per_kv)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_matches_reference(dtype):
+    check(MLA, 4, [33, 64, 1], dtype, seed=1, v_head_dim=64)
+
+
+def test_batch_one_seq_len_one():
+    check(GQA, 4, [1], torch.float32)
+    check(MLA, 2, [1], torch.float32, v_head_dim=64)
+
+
+def schedule_without_overhead(num_parts, block_size):
+    """A valid schedule that splits as much as possible (no per-split cost): many splits per request."""
+    def build(seq_lens):
+        return mla_decode_metadata_reference(seq_lens, num_parts, block_size, overhead=0)
+    return build
+
+
+@pytest.mark.parametrize("layout,v_head_dim", [(GQA, None), (MLA, 64)], ids=["gqa", "mla"])
+def test_many_splits_for_one_long_request(layout, v_head_dim):
+    # 7 blocks over 7 parts: one block per part, 7 partials merged.
+    metadata = schedule_without_overhead(7, layout.block_size)
+    schedule, num_splits = metadata(torch.tensor([100], dtype=torch.int32))
+    assert num_splits.tolist() == [0, 7]
+    check(layout, 4, [100], torch.float32, seed=2, metadata=metadata, v_head_dim=v_head_dim)
+
+
+def test_splits_crossing_requests_and_empty_parts():
+    # Parts that end mid-request and start the next, plus more parts than blocks (empty parts).
+    check(GQA, 4, [40, 1, 70, 16], torch.float32, seed=3, metadata=schedule_without_overhead(5, 16))
+    check(GQA, 4, [20, 3], torch.float32, seed=4, metadata=schedule_without_overhead(9, 16))
+
+
+def test_device_schedule_with_splits():
+    # The launcher's own schedule (overhead included) with enough parts that it does split.
+    def metadata(lens):
+        return mla_decode_metadata(lens, 4, 16, 6)
+    schedule, num_splits = metadata(torch.tensor([360, 5], dtype=torch.int32))
+    assert num_splits[1] > 1
+    check(GQA, 4, [360, 5], torch.bfloat16, seed=5, metadata=metadata)
+
+
+def test_zero_length_request_gives_zeros_without_nan():
+    out = check(GQA, 4, [0, 17, 0], torch.float32, seed=6, metadata=schedule_without_overhead(4, 16))
+    assert (out[0] == 0).all() and (out[2] == 0).all()
+
+
+def test_strided_query_view():
+    # q as a view of a fused projection output (row stride > heads * head_dim), as GQA engines pass it.
+    g = torch.Generator().manual_seed(7)
+    fused = torch.randn(3, 4 * 32 + 2 * 2 * 32, generator=g)
+    q = fused[:, : 4 * 32].view(3, 4, 32)
+    check(GQA, 4, [5, 30, 16], torch.float32, q=q)
+
+
+def test_rejects_mismatched_inputs():
+    q, cache, block_table, lens = make_inputs(GQA, 4, [5], torch.float32, 0)
+    with pytest.raises(ValueError, match="dtype"):
+        paged_decode_attention(q.half(), cache, block_table, lens, 0.1)
+    with pytest.raises(ValueError, match="kv heads"):
+        paged_decode_attention(q[:, :3], cache, block_table, lens, 0.1)
+    with pytest.raises(ValueError, match="seq_lens"):
+        paged_decode_attention(q, cache, block_table, lens.long(), 0.1)
+
+
+def test_opcheck():
+    q, cache, block_table, lens = make_inputs(MLA, 2, [20, 3], torch.float32, 8, nan_poison=False)
+    schedule, num_splits = mla_decode_metadata(lens, 2, MLA.block_size, 3)
+    torch.library.opcheck(torch.ops.tritonwarm.paged_decode_attention.default,
+                          (q, cache, block_table, lens, 0.125, schedule, num_splits, 64))
+
+
+# --------------------------------------------------------------------------- real geometries: compile
+
+REAL = {
+    # Llama-3.1-8B: 32 q heads over 8 kv heads, head_dim 128, vLLM's 16-token blocks
+    "llama_gqa": (KVCacheLayout.gqa(4096, 16, 8, 128), 32, None),
+    # DeepSeek-V2-Lite MLA: 16 heads over one latent head of 512 + 64, FlashMLA's 64-token blocks
+    "deepseek_mla": (KVCacheLayout.mla(4096, 64, 512, 64), 16, 512),
+}
+SHARED_MEMORY_LIMIT = {"sm90": 227 * 1024, "gfx942": 64 * 1024}
+
+
+def real_call_args(name, batch=8, dtype=torch.bfloat16):
+    layout, num_heads, v_head_dim = REAL[name]
+    return (fake_tensor((batch, num_heads, layout.key_dim), dtype), fake_tensor(layout.shape, dtype),
+            fake_tensor((batch, 2048), torch.int32), fake_tensor((batch,), torch.int32), 0.08, None, v_head_dim)
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+@pytest.mark.parametrize("name", REAL)
+def test_compiles_real_geometry(compile_call, target, name):
+    compiled = {v.kernel.rsplit(".", 1)[1]: (v, c) for v, c in compile_call(target, paged_decode_attention,
+                                                                             *real_call_args(name))}
+    assert set(compiled) == {"mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
+                             "paged_decode_attention_combine_kernel"}
+    split, binary = compiled["paged_decode_attention_split_kernel"]
+    assert split.args["INTERPRETER"] == "=False"  # no interpreter workaround in a GPU binary
+    assert binary.metadata.shared <= SHARED_MEMORY_LIMIT[target]
+    if target == "sm90":
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = pathlib.Path(tmp) / "split.cubin"
+            cubin.write_bytes(binary.asm["cubin"])
+            usage = resource_usage(TARGETS[target], {cubin.name: str(cubin)})
+        if usage is not None:  # cuobjdump ships with Triton's NVIDIA backend
+            assert usage["local"] == 0 and usage["stack"] == 0, usage  # no spills, no stack frame
+
+
+def test_batch_size_never_changes_a_binary():
+    for name in REAL:
+        keys = {frozenset(v.key for v in trace_call(TARGETS["sm90"], paged_decode_attention,
+                                                     *real_call_args(name, batch)))
+                for batch in (1, 2, 16, 17, 255)}
+        assert len(keys) == 1, name
+
+
+@pytest.mark.parametrize("target", ["sm90", "gfx942"])
+def test_warmup_spec_plans_cleanly(target):
+    """Every row launches, collapsed batch sizes never change a variant: per model and dtype one split
+    and one combine binary, plus the schedule kernel shared by all."""
+    the_plan = plan(load_specs([SPEC]), TARGETS[target])
+    assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
+    assert len(the_plan.variants) == 2 * 2 * 2 + 1
