@@ -41,6 +41,21 @@ def resolve_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path(platformdirs.user_cache_dir("tritonwarm")) / "triton"
 
 
+def ensure_writable(cache_dir: Path) -> None:
+    """Fail early, in one line, when the cache cannot take new entries (a read-only mount, say).
+
+    Serving from such a cache works: Triton only reads it.
+    """
+    folder = Path(cache_dir) / "tritonwarm"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CacheError(f"cannot warm into {cache_dir}: {e.strerror or e} (serving from it still works)") from None
+
+
 def triton_version() -> str:
     import triton
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .cache import Manifest, PlanStore, cache_env, entry_dir, entry_files, file_sha256, triton_version, variant_lock
+from .cache import Manifest, PlanStore, ensure_writable, cache_env, entry_dir, entry_files, file_sha256, triton_version, variant_lock
 from .compile import compile_variant
 from .kernel import fake_launches
 from .resources import resource_usage
@@ -179,6 +179,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
     """Compile every planned variant the cache lacks (``jobs`` processes); record all in the manifest."""
     target = the_plan.target
     start = time.perf_counter()
+    ensure_writable(cache_dir)
     result = WarmResult(target.name, str(cache_dir), planned=len(the_plan.variants))
     manifest = Manifest(cache_dir, target.name)
     recorded = manifest.read()

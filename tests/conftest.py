@@ -40,3 +40,47 @@ def compile_call(compile_cache_dir):
         return out
 
     return run
+
+
+@pytest.fixture
+def compile_counter(monkeypatch):
+    """Counts real compilations: Triton builds the IR only when its disk cache misses."""
+    from triton.compiler import compiler as triton_compiler
+
+    class Counter:
+        count = 0
+
+    original = triton_compiler.ASTSource.make_ir
+
+    def counting_make_ir(src, *args, **kwargs):
+        Counter.count += 1
+        return original(src, *args, **kwargs)
+
+    monkeypatch.setattr(triton_compiler.ASTSource, "make_ir", counting_make_ir)
+    return Counter
+
+
+@pytest.fixture
+def rms_norm_runtime():
+    """What a serving process does for one RMSNorm call: Triton's own ``JITFunction.run`` for the
+    target (under the target-only driver), with fresh in-memory caches, reading ``cache_dir``."""
+    import torch
+    from triton import knobs
+
+    from tritonwarm.jit import fake_tensor
+    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    def run(target, cache_dir, rows, fused):
+        x = fake_tensor((rows, 4096), torch.bfloat16)
+        launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((rows, 4096), torch.bfloat16),
+                                 1e-6, fake_tensor((rows, 4096), torch.bfloat16) if fused else None)
+        assert knobs.runtime.jit_cache_hook is None
+        with target_driver(target) as fake, triton_cache_dir(cache_dir):
+            try:
+                return rms_norm_jit.fake_run(launch)
+            finally:
+                rms_norm_jit.jit_function.device_caches.pop(fake.device, None)
+
+    return run

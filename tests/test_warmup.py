@@ -1,24 +1,17 @@
 """End to end: spec → trace → warm into Triton's cache for real targets → Triton's own runtime
 path finds every entry (counted at the compiler, not read from our manifest) → check."""
 
-import json
 import os
-import shutil
 import textwrap
 
 import pytest
-import torch
-from triton import knobs
-from triton.compiler import compiler as triton_compiler
 
-from tritonwarm.jit import TARGETS, fake_tensor
+from triton import knobs
+
+from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, entry_files
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.kernel import Launch
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import target_driver
 from tritonwarm.jit.warmup import check, plan, warm
-from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -40,35 +33,9 @@ def spec_file(tmp_path):
     return path
 
 
-class CompileCounter:
-    """Counts real compilations: Triton builds the IR only when its disk cache misses."""
-
-    def __init__(self, monkeypatch):
-        self.count = 0
-        original = triton_compiler.ASTSource.make_ir
-
-        def counting_make_ir(src, *args, **kwargs):
-            self.count += 1
-            return original(src, *args, **kwargs)
-
-        monkeypatch.setattr(triton_compiler.ASTSource, "make_ir", counting_make_ir)
-
-
-def runtime_launch(target, cache_dir, rows, fused):
-    """What a serving process does for this call: Triton's JITFunction.run, fresh in-memory caches."""
-    x = fake_tensor((rows, 4096), torch.bfloat16)
-    launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((rows, 4096), torch.bfloat16),
-                             1e-6, fake_tensor((rows, 4096), torch.bfloat16) if fused else None)
-    assert knobs.runtime.jit_cache_hook is None
-    with target_driver(target) as fake, triton_cache_dir(cache_dir):
-        try:
-            return rms_norm_jit.fake_run(launch)
-        finally:
-            rms_norm_jit.jit_function.device_caches.pop(fake.device, None)
-
-
 @pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
-def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_file, monkeypatch, target_name):
+def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_file, compile_counter,
+                                                               rms_norm_runtime, target_name):
     target = TARGETS[target_name]
     cache_dir = tmp_path / "cache"
     the_plan = plan(load_specs([spec_file]), target)
@@ -80,16 +47,17 @@ def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_f
         binary = [p for n, p in files.items() if n.endswith("." + target.binary_ext)]
         assert binary and os.path.getsize(binary[0]) > 1000
 
-    counter = CompileCounter(monkeypatch)
+    compiled_by_warmup = compile_counter.count
+    assert compiled_by_warmup == 2
     for rows in (1, 2, 16, 37, 4096, 3000):  # batch sizes the spec never named
         for fused in (False, True):
-            kernel = runtime_launch(target, cache_dir, rows, fused)
+            kernel = rms_norm_runtime(target, cache_dir, rows, fused)
             assert kernel.hash in the_plan.variants
-    assert counter.count == 0
+    assert compile_counter.count == compiled_by_warmup
 
     # control: the same runtime path against an empty cache does compile (the counter works)
-    runtime_launch(target, tmp_path / "empty", 5, False)
-    assert counter.count == 1
+    rms_norm_runtime(target, tmp_path / "empty", 5, False)
+    assert compile_counter.count == compiled_by_warmup + 1
 
 
 def test_second_warm_compiles_nothing_and_check_is_clean(tmp_path, spec_file):
