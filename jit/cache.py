@@ -124,10 +124,20 @@ class Manifest:
             yield
 
     def update(self, entries: dict[str, dict[str, Any]] | None = None, remove: list[str] = ()) -> None:
-        """Merge ``entries`` (and drop ``remove``) under the lock, then replace the file atomically."""
+        """Merge ``entries`` (and drop ``remove``) under the lock, then replace the file atomically.
+
+        Merging happens against what is on disk *now*, so concurrent writers never lose each
+        other's spec rows; a compile time already recorded survives an entry found cached.
+        """
         with self._locked():
             variants = self.read()
-            variants.update(entries or {})
+            for key, entry in (entries or {}).items():
+                old = variants.get(key)
+                if old is not None:
+                    entry = {**entry, "rows": sorted(set(old.get("rows", [])) | set(entry.get("rows", [])))}
+                    if entry.get("compile_seconds") is None:
+                        entry["compile_seconds"] = old.get("compile_seconds")
+                variants[key] = entry
             for key in remove:
                 variants.pop(key, None)
             payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants}

@@ -195,9 +195,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
         result.compiled += status in ("compiled", "repaired")
         result.repaired += status == "repaired"
         result.cached += status == "cached"
-        previous = recorded.get(variant.cache_hash)
         if details is not None:
-            manifest.update({variant.cache_hash: _manifest_entry(variant, details, version, env, previous)})
+            manifest.update({variant.cache_hash: _manifest_entry(variant, details, version, env)})
         if progress:
             progress(variant, status)
     result.seconds = round(time.perf_counter() - start, 3)
@@ -215,7 +214,7 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
         previous = recorded.get(variant.cache_hash)
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         if files and _intact(files, previous):
-            fresh = previous is None or set(previous.get("rows", [])) != set(variant.rows)
+            fresh = previous is None or not set(variant.rows) <= set(previous.get("rows", []))
             yield variant, ("cached", _details(target, files, None) if fresh else None)
         else:
             todo.append(variant)
@@ -291,13 +290,9 @@ def _intact(files: dict[str, str], recorded: dict | None) -> bool:
     return True
 
 
-def _manifest_entry(variant: Variant, details: dict, version: str, env: dict, previous: dict | None) -> dict:
+def _manifest_entry(variant: Variant, details: dict, version: str, env: dict) -> dict:
     entry = variant.to_json()
     entry.update(details, triton_version=version, env=env, entry_dir=variant.cache_dir_name)
-    if details["compile_seconds"] is None and previous:
-        entry["compile_seconds"] = previous.get("compile_seconds")
-    if previous:
-        entry["rows"] = sorted(set(previous.get("rows", [])) | set(variant.rows))
     return entry
 
 

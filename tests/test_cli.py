@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,31 +106,56 @@ def test_gfx942_writes_hsaco(tmp_path, good_spec):
     assert len(list(cache.glob("*/*.hsaco"))) == 6
 
 
-def test_concurrent_warmups_compile_each_key_once(tmp_path, good_spec):
+OVERLAP = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: {range: [1, 64], collapse: true}
+  dtype: [float16, bfloat16]
+groups:
+  model:
+    hidden: [2048, 4096, 8192]
+args:
+  x: {tensor: [$num_tokens, $hidden], dtype: $dtype}
+  weight: {tensor: [$hidden], dtype: $dtype}
+"""
+
+
+def test_eight_concurrent_warmups_of_overlapping_specs(tmp_path, good_spec):
+    """Two specs sharing 4 of their 6 variants each, eight processes at once into one cache."""
+    other = tmp_path / "overlap.yaml"
+    other.write_text(OVERLAP)
     cache = tmp_path / "cache"
-    cmd = [sys.executable, "-m", "tritonwarm", "warmup", str(good_spec), "--target", "sm90", "--cache-dir", str(cache),
-           "--json"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outs = [p.communicate(timeout=600) for p in procs]
+    procs = [subprocess.Popen([sys.executable, "-m", "tritonwarm", "warmup", str(spec), "--target", "sm90",
+                               "--cache-dir", str(cache), "--json", "--jobs", "1"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for spec in [good_spec, other] * 4]
+    outs = [p.communicate(timeout=900) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert not any("FileNotFoundError" in o[1] for o in outs)
     results = [json.loads(o[0]) for o in outs]
-    assert sum(r["compiled"] for r in results) == 6  # a lock per key: never compiled twice
+    assert sum(r["compiled"] for r in results) == 8  # 8 distinct keys, a lock per key: each compiled once
     assert all(r["compiled"] + r["cached"] == 6 for r in results)
     manifest = json.loads((cache / "tritonwarm" / "manifest-sm90.json").read_text())
-    assert len(manifest["variants"]) == 6
-    tritonwarm("check", good_spec, "--target", "sm90", "--cache-dir", cache, check_rc=0)
+    assert len(manifest["variants"]) == 8
+    shared = [e for e in manifest["variants"].values() if "BLOCK=1024" not in str(e["args"])
+              and e["args"]["BLOCK"] in ("=2048", "=4096")]
+    assert shared and all(any("good.yaml" in r for r in e["rows"]) and any("overlap.yaml" in r for r in e["rows"])
+                          for e in shared)  # rows of both specs recorded, none lost to a race
+    tritonwarm("check", good_spec, other, "--target", "sm90", "--cache-dir", cache, check_rc=0)
 
 
-def test_sigkill_midway_then_rerun_completes(tmp_path, good_spec):
+def test_sigkill_at_random_points_then_rerun_completes(tmp_path, good_spec):
     cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "tritonwarm", "warmup", str(good_spec), "--target", "sm90,gfx942",
-           "--cache-dir", str(cache)]
+           "--cache-dir", str(cache), "--jobs", "1", "--replan"]
     rng = random.Random(7)
-    for trial in range(3):
+    for trial in range(10):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(2.0, 5.0))  # start-up takes ~2 s; compiling follows
+        time.sleep(rng.uniform(1.5, 4.5))  # start-up takes ~2 s; tracing and compiling follow
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        if trial % 3 == 2:  # now and then start over, so kills land early in the work again
+            shutil.rmtree(cache, ignore_errors=True)
     tritonwarm("warmup", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, check_rc=0)
     tritonwarm("check", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, check_rc=0)
 
