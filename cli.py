@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     _spec_args(w)
     w.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
                    help="compile in this many processes (default: the machine's cores)")
+    w.add_argument("--binary-only", action="store_true",
+                   help="keep only what the runtime loads (cubin/hsaco + metadata), not the IR")
     w.add_argument("--replan", action="store_true",
                    help="trace every spec again even where its inputs did not change")
     w.add_argument("--no-verify-collapse", action="store_true",
@@ -63,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
     _spec_args(c)
+    c.add_argument("--trace", metavar="RECORD",
+                   help="instead: a dispatch record (engine run --record) vs the cache: runtime misses and "
+                        "warmed variants the workload never used")
     c.set_defaults(func=cmd_check)
 
     ls = sub.add_parser("list", help="one row per warmed variant")
@@ -79,6 +84,24 @@ def _parser() -> argparse.ArgumentParser:
     _cache_args(sh)
     sh.set_defaults(func=cmd_show)
 
+    du = sub.add_parser("du", help="disk use per kernel and target")
+    _cache_args(du)
+    du.set_defaults(func=cmd_du)
+
+    pr = sub.add_parser("prune", help="remove variants no spec plans, a record never used, or of other Tritons")
+    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="specs for --unplanned (default: shipped)")
+    pr.add_argument("--target", help="only this target")
+    pr.add_argument("--unplanned", action="store_true", help="variants none of the specs plans")
+    pr.add_argument("--unused", metavar="RECORD", help="variants this dispatch record (JSONL) never launched")
+    pr.add_argument("--other-versions", action="store_true", help="entries compiled by another Triton version")
+    pr.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    _cache_args(pr)
+    pr.set_defaults(func=cmd_prune)
+
+    from .engine.cli import add_engine_parser
+
+    add_engine_parser(sub)
+
     t = sub.add_parser("targets", help="the targets tritonwarm compiles for")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=cmd_targets)
@@ -93,7 +116,11 @@ def _cache_args(p):
 
 def _spec_args(p):
     p.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR",
-                   help="YAML specs or directories of them (default: the shipped warmup_specs/)")
+                   help="YAML specs or directories of them (default: the shipped warmup_specs/, unless "
+                        "--engine-config is given)")
+    p.add_argument("--engine-config", metavar="CONFIG",
+                   help="also (or, without specs, only) what this engine config launches: a preset "
+                        "(tiny, deepseek-v2-lite) or a YAML/JSON file")
     p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ... or local "
                                     "(default: this machine's GPU)")
     _cache_args(p)
@@ -110,27 +137,43 @@ def _prepare(args):
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: nothing compiles under the interpreter; unset it to warm up")
     targets = resolve_targets(args.target)
-    specs = load_specs(args.specs or [SHIPPED_SPECS])
+    if args.engine_config:
+        from .engine.config import load_engine_config
+
+        load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
+    specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
     return specs, targets, resolve_cache_dir(args.cache_dir)
 
 
+def _plan(args, specs, target, **kwargs):
+    """The specs' plan, plus the engine config's when one is given."""
+    from .jit.warmup import plan
+
+    the_plan = plan(specs, target, **kwargs)
+    if args.engine_config:
+        from .engine.plan import engine_plan
+
+        the_plan.merge(engine_plan(args.engine_config, target))
+    return the_plan
+
+
 def cmd_warmup(args) -> int:
-    from .jit.warmup import plan, warm
+    from .jit.warmup import warm
 
     specs, targets, cache_dir = _prepare(args)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     results, problems = [], []
     for target in targets:
-        the_plan = plan(specs, target, verify_collapse=not args.no_verify_collapse,
-                        cache_dir=None if args.replan else cache_dir)
+        the_plan = _plan(args, specs, target, verify_collapse=not args.no_verify_collapse,
+                         cache_dir=None if args.replan else cache_dir)
         problems += the_plan.errors + the_plan.collapse_errors
         with _progress(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
-            result = warm(the_plan, cache_dir, jobs=args.jobs, progress=tick)
+            result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)
         results.append(result)
         problems += result.failures
         if not args.json:
-            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows of {len(specs)} specs: "
+            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
                   f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
                   f"in {result.seconds:.1f} s")
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
@@ -146,10 +189,12 @@ def cmd_warmup(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .jit.warmup import check, plan
+    from .jit.warmup import check
 
+    if args.trace:
+        return _check_trace(args)
     specs, targets, cache_dir = _prepare(args)
-    reports = [check(plan(specs, t), cache_dir) for t in targets]
+    reports = [check(_plan(args, specs, t), cache_dir) for t in targets]
     if args.json:
         print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
                           "targets": [r.to_json() for r in reports]}, indent=1))
@@ -170,6 +215,20 @@ def cmd_check(args) -> int:
             for line in r.errors + r.collapse_errors:
                 print(f"  error: {line}")
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _check_trace(args) -> int:
+    from .engine.plan import check_trace, format_trace_report
+    from .jit.cache import resolve_cache_dir
+    from .jit.targets import resolve_target
+
+    target = resolve_target(args.target).name if args.target else None
+    report = check_trace(Path(args.trace), resolve_cache_dir(args.cache_dir), target)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print("\n".join(format_trace_report(report)))
+    return 0 if report.ok else 1
 
 
 def cmd_list(args) -> int:
@@ -222,6 +281,60 @@ def cmd_show(args) -> int:
     for row in entry["rows"]:
         print(f"  {row}")
     return 0
+
+
+def cmd_du(args) -> int:
+    from .jit.cache import resolve_cache_dir
+    from .jit.disk import disk_usage
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    usage = disk_usage(cache_dir)
+    if args.json:
+        print(json.dumps({"cache_dir": str(cache_dir), **usage}, indent=1))
+        return 0
+    print(f"{'TARGET':<8} {'KERNEL':<40} {'VARIANTS':>8} {'SIZE':>10}")
+    for row in usage["kernels"]:
+        print(f"{row['target']:<8} {_short(row['kernel']):<40} {row['variants']:>8} {_mib(row['bytes']):>10}")
+    if usage["unmanaged"]["entries"]:
+        print(f"{'-':<8} {'(Triton entries no manifest lists)':<40} {usage['unmanaged']['entries']:>8} "
+              f"{_mib(usage['unmanaged']['bytes']):>10}")
+    print(f"total {_mib(usage['total_bytes'])} in {cache_dir}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    from .jit.cache import manifests, resolve_cache_dir
+    from .jit.disk import prune_candidates, remove, used_hashes
+    from .jit.specs import load_specs
+    from .jit.targets import TARGETS
+    from .jit.warmup import plan
+
+    if not (args.unplanned or args.unused or args.other_versions):
+        raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-versions")
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    planned = None
+    if args.unplanned:
+        specs = load_specs(args.specs or [SHIPPED_SPECS])
+        names = [args.target] if args.target else [n for n in manifests(cache_dir) if n in TARGETS]
+        planned = {n: set(plan(specs, TARGETS[n], verify_collapse=False).variants) for n in names}
+    used = used_hashes(Path(args.unused)) if args.unused else None
+    doomed = prune_candidates(cache_dir, target=args.target, planned=planned, used=used,
+                              other_versions=args.other_versions)
+    if not args.dry_run:
+        remove(cache_dir, doomed)
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, "removed": doomed,
+                          "bytes": sum(d["bytes"] for d in doomed)}, indent=1))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for d in doomed:
+        print(f"{verb}  {d['id']}  {d['target']:<7} {_short(d['kernel'])}  ({d['why']})")
+    print(f"{verb} {len(doomed)} variants, {_mib(sum(d['bytes'] for d in doomed))}")
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
 
 
 def cmd_targets(args) -> int:

@@ -1,0 +1,87 @@
+"""``tritonwarm engine run``: serve a seeded workload and print what was generated and compiled.
+
+Exit codes: 0 ok, 1 a jit-policy violation (the message names the kernel and its variant), 2 bad
+input (plain exceptions; ``tritonwarm.cli.main`` prints them as one line).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..jit.monitor import POLICIES, JitPolicyError
+from .ops import OPS
+
+
+def add_engine_parser(subparsers) -> None:
+    engine = subparsers.add_parser("engine", help="the serving engine built on the kernels")
+    sub = engine.add_subparsers(metavar="ENGINE_COMMAND")
+    run = sub.add_parser("run", help="serve a seeded workload of requests")
+    run.add_argument("--config", default="tiny", help="preset (tiny, deepseek-v2-lite) or a YAML/JSON config file")
+    run.add_argument("--requests", type=int, default=8, help="number of requests in the workload")
+    run.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
+    run.add_argument("--seed", type=int, default=0, help="workload seed (prompts, lengths, arrival steps)")
+    run.add_argument("--mode", choices=sorted(OPS), default="triton",
+                     help="triton: the kernels; reference: their PyTorch references")
+    run.add_argument("--weights", help="safetensors file or directory (default: seeded random weights)")
+    run.add_argument("--jit-policy", choices=POLICIES, default="warn",
+                     help="a kernel variant missing from the cache: off, warn (log it), error (refuse)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="meta tensors and fake launches for --target: prove the cache covers the workload")
+    run.add_argument("--target", help="the dry run's target (sm90, gfx942, ...)")
+    run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
+                                         "or the user cache dir)")
+    run.add_argument("--record", metavar="FILE", help="write the dispatch record (JSONL) here")
+    run.add_argument("--metrics", metavar="FILE", help="write Prometheus counters (text format) here")
+    run.add_argument("--json", action="store_true", help="machine-readable output")
+    run.set_defaults(func=cmd_engine_run)
+    engine.set_defaults(func=lambda args: engine.print_help() or 2)
+
+
+def cmd_engine_run(args) -> int:
+    from .config import load_engine_config
+    from .metrics import EngineMetrics
+    from .runner import make_workload, serve
+
+    if args.dry_run != bool(args.target):
+        raise ValueError("--dry-run and --target go together: a dry run traces for a named target")
+    if args.requests < 1 or args.max_tokens < 1:
+        raise ValueError("--requests and --max-tokens must be at least 1")
+    config = load_engine_config(args.config)
+    requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
+    try:
+        report = serve(config, requests, mode=args.mode, policy=args.jit_policy,
+                       dry_run_target=args.target if args.dry_run else None, cache_dir=args.cache_dir,
+                       weights_path=args.weights)
+    except JitPolicyError as e:
+        print(f"tritonwarm: jit policy error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    if args.record:
+        report.write_record(args.record)
+    if args.metrics:
+        metrics = EngineMetrics()
+        metrics.observe(report)
+        metrics.write(args.metrics)
+    result, monitor = report.result, report.monitor
+    summary = {
+        "config": config.model.name, "mode": args.mode, "target": report.target, "dry_run": report.dry_run,
+        "requests": len(requests), "generated_tokens": result.generated_tokens, "steps": result.steps,
+        "seconds": round(result.seconds, 3),
+        "tokens_per_second": round(result.generated_tokens / result.seconds, 2) if result.seconds else None,
+        "serve_compiles": report.serve_compiles, "serve_compile_seconds": round(monitor.compile_seconds, 3),
+        "cache_hits": monitor.hits, "cache_misses": len(monitor.misses),
+        "startup_missing": len(report.startup_missing),
+        "launches": dict(sorted((k.rsplit(".", 1)[-1], v) for k, v in monitor.launches.items())),
+    }
+    if args.json:
+        print(json.dumps({"outputs": result.outputs, **summary}, indent=1))
+    else:
+        for request, output in zip(requests, result.outputs):
+            print(f"request {request.request_id}: prompt {len(request.prompt)} tokens, arrived at step "
+                  f"{request.arrival_step}: {output}")
+        fake = " (fake tokens: dry run)" if report.dry_run else ""
+        print(f"{summary['generated_tokens']} tokens{fake} in {summary['steps']} steps, {summary['seconds']} s "
+              f"({summary['tokens_per_second']} tokens/s); compiles at serving time: {summary['serve_compiles']} "
+              f"({summary['serve_compile_seconds']} s); cache hits {summary['cache_hits']}, "
+              f"misses {summary['cache_misses']}")
+    return 0

@@ -1,0 +1,180 @@
+"""Model and engine configuration: presets, and YAML/JSON files of the same fields.
+
+A config file holds EngineConfig fields; its ``model`` is a preset name or a mapping of ModelConfig
+fields (``preset: NAME`` in it starts from that preset)::
+
+    model: deepseek-v2-lite
+    max_batch_size: 32
+    max_num_tokens: 1024
+    dtype: bfloat16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A DeepSeek-V2-style decoder: MLA attention and a routed MoE with shared experts."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int  # MLA latent width, cached per token
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int  # the rotated part, cached per token beside the latent
+    v_head_dim: int
+    num_experts: int  # routed experts
+    top_k: int
+    num_shared_experts: int  # run on every token, as one MLP of num_shared * moe_intermediate
+    moe_intermediate_size: int
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: plain MLP layers first
+    intermediate_size: int = 0  # width of those dense MLPs
+    scoring: str = "softmax"  # router scoring: softmax | sigmoid
+    num_expert_group: int | None = None  # grouped top-k (None: no groups)
+    topk_group: int | None = None
+    correction_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+    renormalize: bool = False  # DeepSeek's norm_topk_prob
+    moe_block_size: int = 16  # rows per expert block of moe_align_block_size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_is_neox: bool = False  # DeepSeek rotates interleaved pairs (gpt-j style)
+
+    def __post_init__(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"{self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
+        if self.first_dense_layers and not self.intermediate_size:
+            raise ValueError(f"{self.name}: first_dense_layers needs intermediate_size")
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        # CPU-sized: runs through Triton's interpreter in seconds. Grouped sigmoid routing with a
+        # correction bias, so the engine exercises that path of moe_topk_routing too.
+        ModelConfig("tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, num_experts=8, top_k=2,
+                    num_shared_experts=1, moe_intermediate_size=32, scoring="sigmoid", num_expert_group=4,
+                    topk_group=2, correction_bias=True, renormalize=True,
+                    moe_block_size=4),  # small expert blocks: less padding for the interpreter to run
+        # deepseek-ai/DeepSeek-V2-Lite's config.json (YaRN rope scaling left out: plain rope).
+        ModelConfig("deepseek-v2-lite", vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16,
+                    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                    num_experts=64, top_k=6, num_shared_experts=2, moe_intermediate_size=1408,
+                    first_dense_layers=1, intermediate_size=10944, scoring="softmax", renormalize=False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine serves with: it fixes every compiled variant the engine can launch."""
+
+    model: ModelConfig
+    max_batch_size: int = 8  # running requests at once
+    max_num_tokens: int = 64  # tokens per step (prefill chunks and decodes together)
+    block_size: int = 16  # tokens per KV-cache block
+    num_blocks: int = 64  # KV-cache blocks (per layer)
+    max_model_len: int = 256  # prompt + generated tokens of one request
+    dtype: torch.dtype = torch.float32
+    seed: int = 0  # weights, when not loaded from a file
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_num_tokens", "block_size", "num_blocks", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_batch_size > self.max_num_tokens:
+            raise ValueError("max_batch_size must not exceed max_num_tokens: every running request "
+                             "decodes one token per step")
+
+    @property
+    def max_blocks_per_request(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
+ENGINES = {
+    "tiny": EngineConfig(MODELS["tiny"], max_batch_size=4, max_num_tokens=32, block_size=16, num_blocks=32,
+                         max_model_len=128, dtype=torch.float32),
+    "deepseek-v2-lite": EngineConfig(MODELS["deepseek-v2-lite"], max_batch_size=32, max_num_tokens=1024,
+                                     block_size=64, num_blocks=2048, max_model_len=4096, dtype=torch.bfloat16),
+}
+
+
+def load_engine_config(name_or_path: str | Path | EngineConfig) -> EngineConfig:
+    """A preset name (``tiny``, ``deepseek-v2-lite``) or a YAML/JSON file of EngineConfig fields."""
+    if isinstance(name_or_path, EngineConfig):
+        return name_or_path
+    if str(name_or_path) in ENGINES:
+        return ENGINES[str(name_or_path)]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"unknown engine config {str(name_or_path)!r}: a preset ({', '.join(ENGINES)}) "
+                         "or a YAML/JSON file")
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of engine config fields")
+    return engine_config_from_dict(data, where=str(path))
+
+
+def engine_config_from_dict(data: dict, where: str = "config") -> EngineConfig:
+    data = dict(data)
+    preset = data.pop("preset", None)
+    if preset is not None and preset not in ENGINES:
+        raise ValueError(f"{where}: unknown preset {preset!r}: choose one of {', '.join(ENGINES)}")
+    base = ENGINES.get(preset) if preset is not None else None
+    model = data.pop("model", base.model.name if base else None)
+    if model is None:
+        raise ValueError(f"{where}: missing 'model' (a preset name or a mapping of model fields)")
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
+    unknown = set(data) - fields
+    if unknown:
+        raise ValueError(f"{where}: unknown engine field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(fields))}")
+    if "dtype" in data:
+        data["dtype"] = parse_dtype(data["dtype"])
+    values = dataclasses.asdict(base) if base else {}
+    values.pop("model", None)
+    if base:
+        values["dtype"] = base.dtype
+    values.update(data)
+    return EngineConfig(model=_model_from(model, where), **values)
+
+
+def _model_from(model, where: str) -> ModelConfig:
+    if isinstance(model, str):
+        if model not in MODELS:
+            raise ValueError(f"{where}: unknown model {model!r}: choose one of {', '.join(MODELS)} or give its fields")
+        return MODELS[model]
+    if not isinstance(model, dict):
+        raise ValueError(f"{where}: 'model' must be a preset name or a mapping")
+    model = dict(model)
+    preset = model.pop("preset", None)
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = set(model) - fields
+    if unknown:
+        raise ValueError(f"{where}: unknown model field(s) {', '.join(sorted(unknown))}")
+    if preset is not None:
+        return dataclasses.replace(_model_from(preset, where), **model)
+    model.setdefault("name", "custom")
+    try:
+        return ModelConfig(**model)
+    except TypeError as e:
+        raise ValueError(f"{where}: model: {e}") from None
+
+
+def parse_dtype(name) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in dtypes:
+        raise ValueError(f"unknown dtype {name!r}: choose one of {', '.join(dtypes)}")
+    return dtypes[name]

@@ -1,0 +1,158 @@
+"""A DeepSeek-V2-style decoder on any device, ``meta`` included.
+
+embedding → layers of [RMSNorm → MLA attention → RMSNorm → MoE (or a dense MLP)] → final norm →
+logits. Every op the kernel library covers goes through ``self.ops`` (see ``ops.py``); projections and
+expert matmuls are torch. Nothing here reads tensor values on the host, so the same forward runs on
+meta tensors while tracing (warm-up plans, dry runs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..launchers.kv_cache import KVCacheLayout
+from ..launchers.paged_attention import default_num_sm_parts
+from .config import EngineConfig
+from .ops import Ops
+
+EXPERT_BLOCKS_PER_MATMUL = 16  # expert blocks gathered per batched matmul: bounds the weight copies
+
+
+@dataclass
+class StepInputs:
+    """One step's tokens, flattened: row i is one token of some request (prefill or decode)."""
+
+    input_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]: the token's position in its request
+    seq_lens: torch.Tensor  # int32 [T]: position + 1 (each row attends causally to its request's cache)
+    block_tables: torch.Tensor  # int32 [T, max_blocks]: the row's request's block table
+    sample_rows: torch.Tensor  # int64 [S]: rows whose logits are needed (last token of a request)
+
+
+class Model:
+    def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor], ops: Ops, device):
+        cfg = self.cfg = config.model
+        self.config, self.ops, self.device = config, ops, torch.device(device)
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = weights["lm_head.weight"]
+        self.layers = [_layer_weights(weights, cfg, i) for i in range(cfg.num_layers)]
+        self.cos_sin_cache = _cos_sin_cache(config.max_model_len, cfg.qk_rope_head_dim, cfg.rope_theta, self.device)
+        self.scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+        self.num_sm_parts = default_num_sm_parts(self.device, 1, cfg.num_heads)
+
+    def forward(self, step: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """Logits (fp32) of ``step.sample_rows``; the step's latent KV is written to the caches."""
+        ops, cfg = self.ops, self.cfg
+        # One split schedule per step, shared by every layer's attention.
+        metadata = ops.decode_metadata(step.seq_lens, cfg.num_heads, self.config.block_size, self.num_sm_parts)
+        x = F.embedding(step.input_ids, self.embed)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = x
+                h = ops.rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)
+            else:
+                h, residual = ops.rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps, residual)
+            h = self.attention(layer, h, step, kv_cache, metadata)
+            h, residual = ops.rms_norm(h, layer["mlp_norm"], cfg.rms_norm_eps, residual)
+            x = self.moe(layer, h) if "router" in layer else self.mlp(h, layer["gate_up"], layer["down"])
+        h, _ = ops.rms_norm(x[step.sample_rows], self.norm, cfg.rms_norm_eps, residual[step.sample_rows])
+        return (h @ self.lm_head.T).float()
+
+    def attention(self, w, h, step: StepInputs, kv_cache, metadata):
+        """MLA in the absorbed form: queries move into the latent space, the cache holds
+        ``[latent | k_pe]`` per token, and the latent output comes back through W_UV."""
+        cfg, ops = self.cfg, self.ops
+        tokens = h.shape[0]
+        nope, rope, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q = (h @ w["q_proj"].T).view(tokens, cfg.num_heads, nope + rope)
+        kv_a = h @ w["kv_a_proj"].T  # [T, rank + rope]
+        latent = ops.rms_norm(kv_a[:, :rank], w["kv_a_norm"], cfg.rms_norm_eps)
+        q_pe, k_pe = ops.rotary_embedding(step.positions, q[..., nope:], kv_a[:, None, rank:],
+                                          self.cos_sin_cache, cfg.rope_is_neox)
+        layout = KVCacheLayout.mla(kv_cache.shape[0], self.config.block_size, rank, rope)
+        layout.write(kv_cache, step.block_tables, step.positions, torch.cat([latent[:, None], k_pe], dim=-1))
+        q_latent = torch.einsum("thn,hnr->thr", q[..., :nope], w["w_uk"])
+        q_full = torch.cat([q_latent, q_pe], dim=-1).contiguous()  # [T, heads, rank + rope]
+        out = ops.paged_attention(q_full, kv_cache, step.block_tables, step.seq_lens, self.scale, metadata, rank)
+        out = torch.einsum("thr,hvr->thv", out, w["w_uv"]).reshape(tokens, cfg.num_heads * cfg.v_head_dim)
+        return out @ w["o_proj"].T
+
+    def mlp(self, h, gate_up, down):
+        return self.ops.silu_and_mul(h @ gate_up.T) @ down.T
+
+    def moe(self, w, h):
+        """Routed experts over ``moe_align_block_size``'s layout, plus the shared experts.
+
+        The align op groups the (token, k) slots by expert into blocks of ``moe_block_size`` slots,
+        each block one expert; padding slots hold the sentinel ``T * top_k``. The expert matmuls run
+        block-batched on those sizes, which depend only on shapes, never on the routing's values.
+        """
+        cfg, ops = self.cfg, self.ops
+        tokens, hidden = h.shape
+        weights, ids = ops.moe_topk_routing(h @ w["router"].T, cfg.top_k, cfg.scoring, cfg.renormalize,
+                                            cfg.num_expert_group, cfg.topk_group, w.get("router_bias"))
+        sorted_slots, block_experts, _ = ops.moe_align_block_size(ids, cfg.num_experts, cfg.moe_block_size)
+        bm = cfg.moe_block_size
+        sentinel = tokens * cfg.top_k  # the align op's padding value; the slot list stops short of whole blocks
+        padding = block_experts.shape[0] * bm - sorted_slots.shape[0]
+        sorted_slots = torch.cat([sorted_slots.long(), sorted_slots.new_full((padding,), sentinel, dtype=torch.long)])
+        rows = sorted_slots // cfg.top_k  # the sentinel maps to row T: an all-zero input row
+        slot_weight = torch.cat([weights.flatten(), weights.new_zeros(1)])[sorted_slots]
+        h_padded = torch.cat([h, h.new_zeros(1, hidden)])
+        experts = block_experts.long().clamp(min=0)  # -1: an unused block (all padding slots)
+        chunks = [slice(first, first + EXPERT_BLOCKS_PER_MATMUL)
+                  for first in range(0, experts.shape[0], EXPERT_BLOCKS_PER_MATMUL)]
+        x = h_padded[rows].view(experts.shape[0], bm, hidden)
+        gate_up = torch.cat([torch.bmm(x[c], w["experts_gate_up"][experts[c]].transpose(1, 2)) for c in chunks])
+        act = ops.silu_and_mul(gate_up)  # one launch for every expert block
+        y = torch.cat([torch.bmm(act[c], w["experts_down"][experts[c]].transpose(1, 2)) for c in chunks])
+        out = torch.zeros(tokens + 1, hidden, dtype=torch.float32, device=h.device)
+        out.index_add_(0, rows, y.view(-1, hidden).float() * slot_weight[:, None])
+        routed = out[:tokens].to(h.dtype)
+        if "gate_up" in w:
+            routed = routed + self.mlp(h, w["gate_up"], w["down"])
+        return routed
+
+
+def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors of layer ``i`` in the shapes the forward uses (fused, stacked)."""
+    p = f"model.layers.{i}."
+    kv_b = weights[p + "self_attn.kv_b_proj.weight"].view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim,
+                                                        cfg.kv_lora_rank)
+    layer = {
+        "attn_norm": weights[p + "input_layernorm.weight"],
+        "mlp_norm": weights[p + "post_attention_layernorm.weight"],
+        "q_proj": weights[p + "self_attn.q_proj.weight"],
+        "kv_a_proj": weights[p + "self_attn.kv_a_proj_with_mqa.weight"],
+        "kv_a_norm": weights[p + "self_attn.kv_a_layernorm.weight"],
+        "w_uk": kv_b[:, :cfg.qk_nope_head_dim],  # [heads, nope, rank]
+        "w_uv": kv_b[:, cfg.qk_nope_head_dim:],  # [heads, v, rank]
+        "o_proj": weights[p + "self_attn.o_proj.weight"],
+    }
+    dense = i < cfg.first_dense_layers
+    if dense or cfg.num_shared_experts:
+        mlp = p + ("mlp." if dense else "mlp.shared_experts.")
+        layer["gate_up"] = torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
+        layer["down"] = weights[mlp + "down_proj.weight"]
+    if not dense:
+        experts = [f"{p}mlp.experts.{e}." for e in range(cfg.num_experts)]
+        layer["router"] = weights[p + "mlp.gate.weight"]
+        if cfg.correction_bias:
+            layer["router_bias"] = weights[p + "mlp.gate.e_score_correction_bias"].float()
+        layer["experts_gate_up"] = torch.stack(
+            [torch.cat([weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]) for e in experts])
+        layer["experts_down"] = torch.stack([weights[e + "down_proj.weight"] for e in experts])
+    return layer
+
+
+def _cos_sin_cache(max_position: int, rot_dim: int, theta: float, device) -> torch.Tensor:
+    """``[max_position, rot_dim]`` fp32: cos of each frequency, then sin (the rotary kernels' layout)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
+    angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)

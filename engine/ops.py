@@ -1,0 +1,82 @@
+"""The one table of ops the model calls, with two implementations of each.
+
+``triton`` dispatches through the launchers (GPU, Triton's interpreter on CPU, or fake launches
+while tracing); ``reference`` calls the kernels' plain PyTorch references. The model code is the
+same for both, so a token-level comparison of the two modes tests the kernels, not two models.
+Each op has one calling convention here; where a reference returns copies instead of updating in
+place, the model always uses the returned tensors. Importing this module defines every kernel the
+engine launches (warm-up plans name it as their ``import_path``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..kernels.activation import silu_and_mul_reference
+from ..kernels.kv_block_zero import kv_block_zero_reference
+from ..kernels.mla_metadata import mla_decode_metadata_reference
+from ..kernels.moe_align import moe_align_block_size_reference
+from ..kernels.moe_routing import moe_topk_routing_reference
+from ..kernels.paged_attention import paged_decode_attention_reference
+from ..kernels.rms_norm import rms_norm_reference
+from ..kernels.rotary import rotary_embedding_reference
+from ..launchers.activation import silu_and_mul
+from ..launchers.kv_block_zero import kv_block_zero
+from ..launchers.kv_cache import KVCacheLayout
+from ..launchers.mla_metadata import mla_decode_metadata, split_overhead_blocks
+from ..launchers.moe_align import moe_align_block_size
+from ..launchers.moe_routing import moe_topk_routing
+from ..launchers.paged_attention import paged_decode_attention
+from ..launchers.rms_norm import rms_norm
+from ..launchers.rotary import rotary_embedding
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    rms_norm: Callable  # (x, weight, eps, residual=None) -> normed | (normed, x + residual)
+    silu_and_mul: Callable  # (x [.., 2d]) -> [.., d]
+    rotary_embedding: Callable  # (positions, q, k, cos_sin_cache, is_neox) -> (q, k) rotated
+    moe_topk_routing: Callable  # (logits, top_k, scoring, renormalize, groups, topk_group, bias) -> (w, ids)
+    moe_align_block_size: Callable  # (topk_ids, num_experts, block_size) -> (sorted ids, block experts, n)
+    decode_metadata: Callable  # (seq_lens, num_heads, block_size, num_parts) -> split schedule
+    paged_attention: Callable  # (q, kv_cache, block_table, seq_lens, scale, metadata, v_head_dim) -> out
+    kv_block_zero: Callable  # (kv_cache, block_ids) -> None, in place
+
+
+def _reference_decode_metadata(seq_lens, num_heads, block_size, num_parts):
+    return mla_decode_metadata_reference(seq_lens, num_parts, block_size, split_overhead_blocks(block_size))
+
+
+def _reference_paged_attention(q, kv_cache, block_table, seq_lens, scale, metadata=None, v_head_dim=None):
+    # The reference needs no split schedule: it attends over each request's tokens in one softmax.
+    layout = KVCacheLayout.infer(kv_cache, q.shape[-1], v_head_dim)
+    return paged_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, layout)
+
+
+def _reference_kv_block_zero(kv_cache, block_ids):
+    kv_cache.copy_(kv_block_zero_reference(kv_cache, block_ids))
+
+
+TRITON = Ops("triton", rms_norm, silu_and_mul, rotary_embedding, moe_topk_routing, moe_align_block_size,
+             mla_decode_metadata, paged_decode_attention, kv_block_zero)
+
+REFERENCE = Ops("reference", rms_norm_reference, silu_and_mul_reference, rotary_embedding_reference,
+                moe_topk_routing_reference, moe_align_block_size_reference, _reference_decode_metadata,
+                _reference_paged_attention, _reference_kv_block_zero)
+
+OPS = {"triton": TRITON, "reference": REFERENCE}
+
+
+def get_ops(mode: str) -> Ops:
+    if mode not in OPS:
+        raise ValueError(f"unknown mode {mode!r}: choose one of {', '.join(OPS)}")
+    return OPS[mode]
+
+
+def as_int32(values, device) -> torch.Tensor:
+    """Host-side step metadata (Python ints) as an int32 tensor on the model's device."""
+    return torch.tensor(values, dtype=torch.int32, device=device)

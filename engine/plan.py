@@ -1,0 +1,156 @@
+"""The warm-up plan an engine config needs, derived by running the engine's own step on meta tensors.
+
+No spec describes the engine: ``engine_plan`` builds one step per Triton class of the step's runtime
+scalars (tokens in the step, requests in the step) and runs ``Engine.execute`` on it under
+``capture(target)``; Triton's binder gives the keys. Everything else that picks a variant (dtype,
+geometry, block size, which layers have a residual or a dense MLP) is fixed by the config and
+reached by every step. ``tritonwarm.jit.warmup.warm(plan, cache_dir)`` then warms exactly that.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..jit import Target, capture, class_reps, resolve_target
+from ..jit.cache import Manifest, entry_files
+from ..jit.monitor import JitPolicyError
+from ..jit.warmup import Plan, check
+from .config import EngineConfig, load_engine_config
+from .scheduler import Request, ScheduledBatch, Sequence
+
+log = logging.getLogger("tritonwarm")
+IMPORT_PATH = "tritonwarm.engine.ops"  # defines every kernel the engine launches
+
+
+def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan:
+    """Every variant the engine of ``config`` launches on ``target``; nothing is compiled."""
+    from .runner import Engine
+
+    config = load_engine_config(config)
+    target = resolve_target(target) if isinstance(target, str) else target
+    engine = Engine(config, "triton", "meta")
+    plan = Plan(target)
+    name = config.model.name
+    with capture(target) as cap:
+        cap.import_path = IMPORT_PATH
+        for label, batch in representative_steps(config):
+            label = f"engine:{name} {label}"
+            cap.current_row = label
+            plan.rows += 1
+            try:
+                engine.execute(batch)
+            except Exception as e:
+                plan.errors.append(f"{label}: {type(e).__name__}: {e}")
+                continue
+            if not cap.row_keys.get(label):
+                plan.unreachable.append(label)
+    for variant in cap.variants.values():
+        known = plan.variants.setdefault(variant.cache_hash, variant)
+        if known is not variant:
+            known.rows += [r for r in variant.rows if r not in known.rows]
+    return plan
+
+
+def representative_steps(config: EngineConfig):
+    """``(label, ScheduledBatch)`` for each class pair of (tokens in the step, requests in it).
+
+    A step of T tokens and B requests: B - 1 requests decode one token each (at a block boundary,
+    so they allocate a block) and one prefills the other T - B + 1 prompt tokens. Block ids are
+    arbitrary: on meta tensors nothing is read.
+    """
+    bs = config.block_size
+    token_counts = sorted(set(class_reps(1, config.max_num_tokens).values()))
+    request_counts = sorted(set(class_reps(1, config.max_batch_size).values()))
+    next_block = iter(range(10**9))
+    for tokens in token_counts:
+        for requests in (b for b in request_counts if b <= tokens):
+            work, new_blocks = [], []
+            for i in range(requests):
+                decoding = i < requests - 1 or tokens == requests
+                prompt = [1] * (bs if decoding else tokens - requests + 1)
+                seq = Sequence(Request(i, prompt, max_tokens=2), bs)
+                if decoding:
+                    seq.tokens.append(1)
+                    seq.num_computed = bs
+                count = seq.num_pending
+                seq.block_table = [next(next_block) % config.num_blocks for _ in range(-(-(seq.num_computed + count) // bs))]
+                new_blocks += seq.block_table[seq.num_computed // bs:]
+                work.append((seq, count))
+            kind = "decode" if tokens == requests else "mixed" if requests > 1 else "prefill"
+            yield f"{kind} tokens={tokens} batch={requests}", ScheduledBatch(0, work, new_blocks)
+
+
+def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy: str) -> list[dict]:
+    """The engine's plan against the cache: under ``error`` refuse to start if anything is missing."""
+    the_plan = engine_plan(config, target)
+    if the_plan.errors:
+        raise RuntimeError(f"the engine cannot be traced for {target.name}: {the_plan.errors[0]}")
+    report = check(the_plan, cache_dir)
+    problems = report.missing + report.corrupt
+    if problems:
+        kernels = sorted({p["kernel"].rsplit(".", 1)[-1] for p in problems})
+        message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
+                   f"{report.planned} variants this engine launches ({', '.join(kernels)}); run `tritonwarm "
+                   f"warmup --engine-config CONFIG --target {target.name}`")
+        if policy == "error":
+            raise JitPolicyError(message)
+        if policy == "warn":
+            log.warning(message)
+    return problems
+
+
+# --------------------------------------------------------------------------- dispatch record check
+
+
+@dataclass
+class TraceReport:
+    target: str
+    launched: int  # distinct variants in the record
+    misses: list[dict] = field(default_factory=list)  # launched, not in the cache when launched
+    unused: list[dict] = field(default_factory=list)  # warmed for the target, never launched
+
+    @property
+    def ok(self) -> bool:
+        return not self.misses
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | None = None) -> TraceReport:
+    """A dispatch record (``engine run --record FILE``) against the cache's manifest for its target."""
+    import json
+
+    lines = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
+    targets = {line["target"] for line in lines}
+    if target is None and len(targets) > 1:
+        raise ValueError(f"{record_path} holds several targets ({', '.join(sorted(targets))}): pass --target")
+    target = target or (targets.pop() if targets else None)
+    if target is None:
+        raise ValueError(f"{record_path} is empty: no launch was recorded")
+    launched = [line for line in lines if line["target"] == target]
+    report = TraceReport(target, len(launched))
+    for line in launched:
+        if not line["hit"]:
+            report.misses.append({"id": line["variant"], "kernel": line["kernel"], "args": line["args"],
+                                  "first": line.get("first"), "launches": line.get("launches", 0)})
+    used = {line["cache_hash"] for line in launched}
+    for cache_hash, entry in sorted(Manifest(Path(cache_dir), target).read().items()):
+        if cache_hash not in used and entry_files(Path(cache_dir), entry["entry_dir"], entry["entry_name"]):
+            report.unused.append({"id": entry["id"], "kernel": entry["kernel"], "rows": entry.get("rows", [])})
+    return report
+
+
+def format_trace_report(report: TraceReport) -> list[str]:
+    lines = [f"{report.target}: {'ok' if report.ok else 'MISSES'}: {report.launched} variants launched, "
+             f"{len(report.misses)} missed the cache, {len(report.unused)} warmed but never used"]
+    for m in report.misses:
+        first = m.get("first") or {}
+        where = f" first at step {first['step']} (batch={first['requests']}, tokens={first['tokens']})" if first else ""
+        args = " ".join(f"{k}:{v}" for k, v in m["args"].items())
+        lines.append(f"  miss    {m['id']}  {m['kernel'].rsplit('.', 1)[-1]}{where}  {args}")
+    for u in report.unused:
+        lines.append(f"  unused  {u['id']}  {u['kernel'].rsplit('.', 1)[-1]}")
+    return lines

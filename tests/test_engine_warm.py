@@ -1,0 +1,150 @@
+"""The no-compile guarantee: the engine's own warm-up plan, ``--jit-policy`` on dry runs for sm90,
+the dispatch record and ``check_trace``. Compiles for sm90 for real (no GPU needed)."""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+import torch
+import triton
+
+from tritonwarm.engine import ops as engine_ops
+from tritonwarm.engine.config import ENGINES
+from tritonwarm.engine.plan import check_trace, engine_plan, format_trace_report
+from tritonwarm.engine.runner import make_workload, serve
+from tritonwarm.engine.scheduler import Request
+from tritonwarm.jit import TARGETS, JitKernel, Launch
+from tritonwarm.jit.monitor import JitPolicyError
+from tritonwarm.jit.warmup import warm
+from tritonwarm.kernels.rms_norm import rms_norm_kernel
+from tritonwarm.launchers.rms_norm import rms_norm_launch
+
+LITE = ENGINES["deepseek-v2-lite"]
+ENGINE_KERNELS = {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "moe_topk_routing_kernel",
+                  "moe_align_count_kernel", "moe_align_scan_kernel", "moe_align_scatter_kernel",
+                  "mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
+                  "paged_decode_attention_combine_kernel", "kv_block_zero_kernel"}
+
+
+def _entries(cache_dir):
+    return {p.name for p in cache_dir.iterdir() if p.name != "tritonwarm"} if cache_dir.exists() else set()
+
+
+@pytest.fixture(scope="module")
+def lite_cache(tmp_path_factory):
+    """A cache warmed with exactly the DeepSeek-V2-Lite engine plan for sm90."""
+    cache_dir = tmp_path_factory.mktemp("lite-sm90")
+    the_plan = engine_plan(LITE, "sm90")
+    assert not the_plan.errors and not the_plan.unreachable
+    result = warm(the_plan, cache_dir)
+    assert result.failed == 0, result.failures
+    return cache_dir, the_plan
+
+
+def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
+    _, the_plan = lite_cache
+    kernels = [v.kernel.rsplit(".", 1)[-1] for v in the_plan.variants.values()]
+    assert set(kernels) == ENGINE_KERNELS
+    # Batch sizes never multiply variants: only rms_norm has more than one (hidden 2048, the 512
+    # latent, with and without the fused residual).
+    assert len(kernels) == len(ENGINE_KERNELS) + 2
+    assert all(v.import_path == "tritonwarm.engine.ops" for v in the_plan.variants.values())
+    assert "engine:deepseek-v2-lite decode tokens=16 batch=16" in next(iter(the_plan.variants.values())).rows
+    attention = next(v for v in the_plan.variants.values() if "split" in v.kernel)
+    assert attention.args["KEY_DIM"] == "=576" and attention.args["q_ptr"] == "*bf16 aligned"
+    # AMD: the same kernels trace for gfx942 (nothing NVIDIA-only).
+    amd = engine_plan(ENGINES["tiny"], TARGETS["gfx942"])
+    assert not amd.errors and {v.kernel.rsplit(".", 1)[-1] for v in amd.variants.values()} == ENGINE_KERNELS
+
+
+def _engine_cli(argv):
+    from tritonwarm.engine.cli import add_engine_parser
+
+    parser = argparse.ArgumentParser(prog="tritonwarm")
+    add_engine_parser(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_jit_policy_error_refuses_a_cold_cache(tmp_path, capsys):
+    rc = _engine_cli(["engine", "run", "--config", "deepseek-v2-lite", "--requests", "2", "--max-tokens", "2",
+                      "--dry-run", "--target", "sm90", "--jit-policy", "error", "--cache-dir", str(tmp_path)])
+    assert rc == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "engine start refused" in err
+    assert "paged_decode_attention_split_kernel" in err and "moe_topk_routing_kernel" in err
+    assert _entries(tmp_path) == set()  # a dry run compiles nothing
+
+
+def test_warmed_cache_serves_a_varied_dry_run_with_no_new_entry(lite_cache, tmp_path):
+    cache_dir, the_plan = lite_cache
+    before = _entries(cache_dir)
+    assert len(before) == len(the_plan.variants)
+    # Prompts up to 2.5x the token budget (chunked prefill), arrivals spread, batches of 1..5.
+    requests = make_workload(LITE, 5, 3, seed=2, max_prompt=2600)
+    report = serve(LITE, requests, policy="error", dry_run_target="sm90", cache_dir=cache_dir)
+    assert report.serve_compiles == 0 and not report.monitor.misses
+    assert report.monitor.hits == len(the_plan.variants)  # and the workload used every warmed variant
+    assert all(len(o) == 3 for o in report.result.outputs)
+    assert _entries(cache_dir) == before
+    record = tmp_path / "record.jsonl"
+    report.write_record(record)
+    trace = check_trace(record, cache_dir)
+    assert trace.ok and trace.unused == [] and trace.launched == len(the_plan.variants)
+
+
+# A launch spec tuned by batch size, the way vLLM #53567 went wrong: its num_warps (part of Triton's
+# key) follows the row count by power-of-two buckets, which Triton's scalar classes do not see. The
+# engine's own kernels never do this, so the test swaps it in for rms_norm to give the engine
+# variants that batch sizes the warm-up never traced need.
+def _tuned_rms_norm_launch(x, weight, out, eps, residual=None):
+    launch = rms_norm_launch(x, weight, out, eps, residual)
+    if launch is None:  # no rows (a step that samples nothing has no final-norm rows)
+        return None
+    num_warps = min(8, max(1, triton.next_power_of_2(x.shape[0]) // 4))  # rows 1-4: 1, 5-8: 2, 9-16: 4
+    return Launch(grid=launch.grid, args=launch.args, constexprs=launch.constexprs, num_warps=num_warps,
+                  num_stages=launch.num_stages, options=launch.options)
+
+
+# Its own JITFunction of the same device code: the library's rms_norm kernel stays untouched.
+tuned_rms_norm_jit = JitKernel(rms_norm_kernel.fn, _tuned_rms_norm_launch, name="tests.engine.tuned_rms_norm")
+
+
+def _tuned_rms_norm(x, weight, eps=1e-6, residual=None):
+    x2 = x.reshape(-1, x.shape[-1])
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    tuned_rms_norm_jit(x2, weight, out, eps, residual)
+    return (out.view(x.shape), residual) if residual is not None else out.view(x.shape)
+
+
+def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, tmp_path):
+    monkeypatch.setitem(engine_ops.OPS, "triton", dataclasses.replace(engine_ops.TRITON, rms_norm=_tuned_rms_norm))
+    served = ENGINES["tiny"]  # up to 4 requests and 32 tokens a step
+    requests = [Request(0, list(range(7)), 2), Request(1, list(range(3)), 3, arrival_step=1)]  # a 7-row step
+
+    # Warmed for a smaller engine (2 tokens a step): the start-up check finds the 16-row variants of
+    # its three rms_norm calls (hidden, latent, hidden with residual) missing and refuses.
+    declared = dataclasses.replace(served, max_batch_size=2, max_num_tokens=2)
+    assert warm(engine_plan(declared, "sm90"), tmp_path).failed == 0
+    with pytest.raises(JitPolicyError, match=r"engine start refused: .* lacks 3 of .*\(tuned_rms_norm\)"):
+        serve(served, requests, policy="error", dry_run_target="sm90", cache_dir=tmp_path)
+
+    # Warmed for the served config, whose plan traces 1, 2 and 16 rows: a 7-row step still needs a
+    # variant nobody warmed, and policy error stops at that launch, naming the kernel and variant.
+    assert warm(engine_plan(served, "sm90"), tmp_path).failed == 0
+    with pytest.raises(JitPolicyError, match=r"tests\.engine\.tuned_rms_norm would compile at serving time on sm90"):
+        serve(served, requests, policy="error", dry_run_target="sm90", cache_dir=tmp_path)
+
+    report = serve(served, requests, policy="warn", dry_run_target="sm90", cache_dir=tmp_path)
+    record = tmp_path / "record.jsonl"
+    report.write_record(record)
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert {line["kernel"].rsplit(".", 1)[-1] for line in lines} >= ENGINE_KERNELS - {"rms_norm_kernel"}
+    trace = check_trace(record, tmp_path)
+    assert not trace.ok
+    assert {m["first"]["tokens"] for m in trace.misses} == {7}
+    assert all(m["kernel"] == "tests.engine.tuned_rms_norm" for m in trace.misses)
+    assert trace.unused  # the 16-row variants: warmed, never used by this workload
+    text = "\n".join(format_trace_report(trace))
+    assert f"miss    {trace.misses[0]['id']}  tuned_rms_norm first at step 0 (batch=1, tokens=7)" in text
