@@ -33,10 +33,15 @@ def find_kernel(variant: Variant) -> JitKernel:
     return kernel
 
 
-def compile_variant(variant: Variant, target: Target, cache_dir=None):
-    """Compile (or find in Triton's disk cache) exactly the request Triton formed while tracing."""
+def compile_variant(variant: Variant, target: Target, cache_dir=None, *, binary_only: bool = False):
+    """Compile (or find in Triton's disk cache) exactly the request Triton formed while tracing.
+
+    ``binary_only`` uses Triton's own ``store_binary_only``: the entry keeps the cubin/hsaco and its
+    metadata, all the runtime loads, and drops the IR (it is not part of the cache key).
+    """
     kernel = find_kernel(variant)
-    with target_driver(target) as fake, triton_cache_dir(cache_dir):
+    with target_driver(target) as fake, triton_cache_dir(cache_dir), knobs.compilation.scope():
+        knobs.compilation.store_binary_only = binary_only
         try:
             compiled = kernel.jit_function.preload(variant.specialization_data)
         finally:

@@ -174,7 +174,7 @@ class WarmResult:
         return dict(self.__dict__)
 
 
-def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
+def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = False,
          progress: Callable[[Variant, str], None] | None = None) -> WarmResult:
     """Compile every planned variant the cache lacks (``jobs`` processes); record all in the manifest."""
     target = the_plan.target
@@ -184,7 +184,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
     manifest = Manifest(cache_dir, target.name)
     recorded = manifest.read()
     version, env = triton_version(), cache_env()
-    for variant, outcome in _warm_all(list(the_plan.variants.values()), target, cache_dir, recorded, jobs):
+    variants = list(the_plan.variants.values())
+    for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only):
         if isinstance(outcome, BaseException):
             result.failed += 1
             result.failures.append(f"{variant.kernel} {variant.variant_id}: {type(outcome).__name__}: {outcome}")
@@ -203,7 +204,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1,
     return result
 
 
-def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int):
+def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int,
+              binary_only: bool):
     """Yield ``(variant, (status, details) | exception)``; compiles in a process pool when jobs > 1.
 
     What is already cached and intact is decided here, without a lock or a worker; only the rest
@@ -221,14 +223,15 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
     if jobs <= 1 or len(todo) <= 1:
         for variant in todo:
             try:
-                yield variant, _warm_one(variant, target, cache_dir, recorded.get(variant.cache_hash))
+                yield variant, _warm_one(variant, target, cache_dir, recorded.get(variant.cache_hash), binary_only)
             except Exception as e:
                 yield variant, e
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context) as pool:
         futures = {
-            pool.submit(_warm_one_in_worker, v.to_json(), target.name, str(cache_dir), recorded.get(v.cache_hash)): v
+            pool.submit(_warm_one_in_worker, v.to_json(), target.name, str(cache_dir), recorded.get(v.cache_hash),
+                        binary_only): v
             for v in todo
         }
         for future in concurrent.futures.as_completed(futures):
@@ -238,13 +241,14 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
                 yield futures[future], e
 
 
-def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None):
+def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
+                        binary_only: bool):
     from .targets import TARGETS
 
-    return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded)
+    return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded, binary_only)
 
 
-def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict | None):
+def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict | None, binary_only: bool = False):
     """Compile one variant unless the cache has it intact: ``(status, details)``."""
     with variant_lock(cache_dir, variant.cache_hash):
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
@@ -254,7 +258,7 @@ def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict 
         if corrupt:  # never let Triton load a damaged binary: remove the entry, then rebuild it
             shutil.rmtree(entry_dir(cache_dir, variant.cache_dir_name), ignore_errors=True)
         t0 = time.perf_counter()
-        compiled = compile_variant(variant, target, cache_dir)
+        compiled = compile_variant(variant, target, cache_dir, binary_only=binary_only)
         seconds = round(time.perf_counter() - t0, 4)
         if compiled.hash != variant.cache_hash:
             raise RuntimeError(f"Triton compiled {compiled.hash[:12]}, planned {variant.variant_id}: "

@@ -1,0 +1,93 @@
+"""Disk use of a cache and pruning: what each kernel and target costs, and what can go.
+
+Pruning removes whole Triton entries (the folder named by the cache hash) and their manifest
+records, each under the variant's lock, so a concurrent warm-up never sees half an entry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+from .cache import Manifest, manifests, triton_version, variant_lock
+
+
+def _size(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    except OSError:
+        return 0
+
+
+def disk_usage(cache_dir: Path) -> dict:
+    """Bytes and variant counts per (target, kernel), plus Triton entries no manifest knows."""
+    cache_dir = Path(cache_dir)
+    rows: dict[tuple[str, str], dict] = defaultdict(lambda: {"variants": 0, "bytes": 0})
+    known: set[str] = set()
+    for target, manifest in manifests(cache_dir).items():
+        for entry in manifest.read().values():
+            folder = cache_dir / entry["entry_dir"]
+            known.add(entry["entry_dir"])
+            row = rows[(target, entry["kernel"])]
+            row["variants"] += 1
+            row["bytes"] += _size(folder)
+    other = [p for p in cache_dir.iterdir() if p.is_dir() and p.name != "tritonwarm" and p.name not in known] \
+        if cache_dir.is_dir() else []
+    return {
+        "kernels": [{"target": t, "kernel": k, **v} for (t, k), v in sorted(rows.items())],
+        "unmanaged": {"entries": len(other), "bytes": sum(_size(p) for p in other)},
+        "total_bytes": sum(v["bytes"] for v in rows.values()) + sum(_size(p) for p in other),
+    }
+
+
+def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dict[str, set[str]] | None = None,
+                     used: set[str] | None = None, other_versions: bool = False) -> list[dict]:
+    """Manifest entries to remove, each with the reason.
+
+    ``planned``: target → cache hashes some spec plans (entries outside it go); ``used``: cache
+    hashes a dispatch record saw (entries outside it go); ``other_versions``: entries compiled by
+    another Triton version (its runtime can never read them).
+    """
+    version = triton_version()
+    doomed = []
+    for name, manifest in manifests(cache_dir).items():
+        if target and name != target:
+            continue
+        for cache_hash, entry in manifest.read().items():
+            reasons = []
+            if planned is not None and name in planned and cache_hash not in planned[name]:
+                reasons.append("no spec plans it")
+            if used is not None and cache_hash not in used:
+                reasons.append("the dispatch record never used it")
+            if other_versions and entry.get("triton_version") != version:
+                reasons.append(f"compiled by Triton {entry.get('triton_version')}")
+            if reasons:
+                doomed.append({"target": name, "id": entry["id"], "kernel": entry["kernel"],
+                               "cache_hash": cache_hash, "entry_dir": entry["entry_dir"],
+                               "bytes": _size(Path(cache_dir) / entry["entry_dir"]), "why": "; ".join(reasons)})
+    return doomed
+
+
+def remove(cache_dir: Path, doomed: list[dict]) -> None:
+    by_target: dict[str, list[str]] = defaultdict(list)
+    for item in doomed:
+        with variant_lock(cache_dir, item["cache_hash"]):
+            shutil.rmtree(Path(cache_dir) / item["entry_dir"], ignore_errors=True)
+        by_target[item["target"]].append(item["cache_hash"])
+    for target, hashes in by_target.items():
+        Manifest(cache_dir, target).update(remove=hashes)
+
+
+def used_hashes(record_path: Path) -> set[str]:
+    """Cache hashes a dispatch record (``engine run --record``) launched."""
+    used = set()
+    with open(record_path) as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    used.add(json.loads(line)["cache_hash"])
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"{record_path}:{number}: not a dispatch record line") from None
+    return used

@@ -1,0 +1,91 @@
+"""Disk use and pruning, and binary-only entries that Triton's runtime still loads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import Manifest
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import check, plan, warm
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  dtype: [float16, bfloat16]
+args:
+  x: {tensor: [8, 4096], dtype: $dtype}
+  weight: {tensor: [4096], dtype: $dtype}
+"""
+
+
+def tritonwarm(*args, rc=0):
+    proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture
+def warmed(tmp_path):
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    cache = tmp_path / "cache"
+    warm(plan(load_specs([spec]), TARGETS["sm90"]), cache)
+    return spec, cache
+
+
+def test_du_counts_variants_and_bytes(warmed):
+    _, cache = warmed
+    usage = json.loads(tritonwarm("du", "--cache-dir", cache, "--json").stdout)
+    [row] = usage["kernels"]
+    assert row["target"] == "sm90" and row["variants"] == 2 and row["bytes"] > 10_000
+    assert usage["total_bytes"] >= row["bytes"]
+
+
+def test_prune_unplanned_and_other_versions(warmed, tmp_path):
+    spec, cache = warmed
+    narrower = tmp_path / "fp16_only.yaml"
+    narrower.write_text(SPEC.replace("[float16, bfloat16]", "[float16]"))
+    dry = json.loads(tritonwarm("prune", narrower, "--unplanned", "--cache-dir", cache, "--dry-run", "--json").stdout)
+    assert len(dry["removed"]) == 1 and len(Manifest(cache, "sm90").read()) == 2  # dry run removes nothing
+    done = json.loads(tritonwarm("prune", narrower, "--unplanned", "--cache-dir", cache, "--json").stdout)
+    [gone] = done["removed"]
+    assert not (cache / gone["entry_dir"]).exists() and len(Manifest(cache, "sm90").read()) == 1
+    assert check(plan(load_specs([narrower]), TARGETS["sm90"]), cache).ok
+
+    manifest = Manifest(cache, "sm90")
+    [(key, entry)] = manifest.read().items()
+    manifest.update({key: {**entry, "triton_version": "2.0.0"}})
+    done = json.loads(tritonwarm("prune", "--other-versions", "--cache-dir", cache, "--json").stdout)
+    assert [d["why"] for d in done["removed"]] == ["compiled by Triton 2.0.0"]
+    tritonwarm("prune", "--cache-dir", cache, rc=2)  # no criterion: bad input
+
+
+def test_prune_what_a_dispatch_record_never_used(warmed, tmp_path):
+    _, cache = warmed
+    entries = Manifest(cache, "sm90").read()
+    kept = next(iter(entries))
+    record = tmp_path / "record.jsonl"
+    record.write_text(json.dumps({"cache_hash": kept, "hit": True}) + "\n")
+    done = json.loads(tritonwarm("prune", "--unused", record, "--cache-dir", cache, "--json").stdout)
+    assert len(done["removed"]) == 1 and list(Manifest(cache, "sm90").read()) == [kept]
+    record.write_text("not json\n")
+    assert "record.jsonl:1" in tritonwarm("prune", "--unused", record, "--cache-dir", cache, rc=2).stderr
+
+
+def test_binary_only_entries_are_smaller_and_still_hit(tmp_path, compile_counter, rms_norm_runtime):
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC.replace("[float16, bfloat16]", "[bfloat16]"))
+    full, slim = tmp_path / "full", tmp_path / "slim"
+    specs = load_specs([spec])
+    warm(plan(specs, TARGETS["sm90"]), full)
+    warm(plan(specs, TARGETS["sm90"]), slim, binary_only=True)
+    assert not list(slim.glob("*/*.ptx")) and list(slim.glob("*/*.cubin")) and list(full.glob("*/*.ptx"))
+    size = lambda d: sum(p.stat().st_size for p in d.glob("*/*"))  # noqa: E731
+    assert size(slim) < size(full) / 2
+    before = compile_counter.count
+    rms_norm_runtime(TARGETS["sm90"], slim, 8, fused=False)
+    assert compile_counter.count == before  # Triton loads the binary-only entry without compiling
