@@ -1,0 +1,30 @@
+"""Helpers shared by the benchmarks: run the CLI, print a table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def tritonwarm(*args: str, env: dict | None = None) -> tuple[float, dict | None]:
+    """Run ``python -m tritonwarm ARGS``; returns (wall seconds, parsed --json output or None)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tritonwarm", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"tritonwarm {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return wall, (json.loads(proc.stdout) if "--json" in args else None)
+
+
+def table(title: str, header: list[str], rows: list[list], command: str) -> None:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print(f"\n{title}\n$ {command}\n")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
