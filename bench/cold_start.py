@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import table  # noqa: E402
+
 
 def workload(config, requests: int, seed: int):
     from tritonwarm.engine.runner import make_workload
@@ -101,16 +104,16 @@ def main() -> None:
         else:
             rows = {"empty": dry_run_start(config, target, requests, Path(empty), plan),
                     "warmed": dry_run_start(config, target, requests, Path(warmed), plan)}
-    mode = "time to first token (GPU)" if on_gpu else "dry run + compiles the first batch waits for"
+    mode = "time to first token (GPU)" if on_gpu else "dry run + the compiles the first batch waits for"
     prompt_tokens = sum(len(r.prompt) for r in requests)
-    print(f"{config.model.name} on {target.name}: {len(requests)} requests, {prompt_tokens} prompt tokens; {mode}")
-    print(f"warm-up at deploy time: {warm_result.planned} variants, {warm_result.seconds:.1f} s")
-    print(f"{'cache':<8} {'start + first batch (s)':>24} {'compiles':>9} {'compile s':>10}")
-    for name, row in rows.items():
-        print(f"{name:<8} {row['seconds']:>24.2f} {row['compiles']:>9} {row['compile_seconds']:>10.2f}")
     ratio = rows["empty"]["seconds"] / max(rows["warmed"]["seconds"], 1e-9)
-    print(f"cold / warm: {ratio:.1f}x ({rows['empty']['seconds'] - rows['warmed']['seconds']:.2f} s avoided)")
-
+    table(f"Cold vs warm start, {config.model.name} on {target.name}: {len(requests)} requests, {prompt_tokens} "
+          f"prompt tokens; {mode}; warm-up at deploy time: {warm_result.planned} variants, "
+          f"{warm_result.seconds:.1f} s (not counted)",
+          ["cache", "start + first batch (s)", "compiles", "compile s", "cold / warm"],
+          [[name, f"{row['seconds']:.2f}", row["compiles"], f"{row['compile_seconds']:.2f}",
+            f"{ratio:.1f}x" if name == "empty" else "1.0x"] for name, row in rows.items()],
+          " ".join(["python", "bench/cold_start.py", *sys.argv[1:]]))
 
 if __name__ == "__main__":
     main()
