@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tritonwarm list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as e:  # every error a user can cause ends here, as one line
         if os.environ.get("TRITONWARM_DEBUG"):
             traceback.print_exc()
