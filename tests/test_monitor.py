@@ -58,3 +58,33 @@ def test_warn_policy_records_misses_and_carries_on(warmed, caplog):
 def test_unknown_policy_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown jit policy"):
         DispatchMonitor(tmp_path, policy="maybe")
+
+
+def test_serving_hook_sees_tritons_own_compile_requests(warmed, tmp_path):
+    """monitor.serving() watches JITFunction.run itself (driven here under the target-only driver,
+    as a GPU process would drive it): hits on a warmed cache, a refusal before compiling on a cold one."""
+    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    def launch(rows):
+        x = fake_tensor((rows, 4096), torch.bfloat16)
+        return rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((rows, 4096), torch.bfloat16),
+                               1e-6)
+
+    monitor = DispatchMonitor(warmed, policy="error")
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(warmed), monitor.serving():
+        rms_norm_jit.fake_run(launch(3))
+        rms_norm_jit.fake_run(launch(300))  # same variant: Triton's in-memory cache, no new request
+    assert monitor.hits == 1 and not monitor.misses and monitor.compiles == 0
+
+    cold = DispatchMonitor(tmp_path / "cold", policy="error")
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(tmp_path / "cold"), cold.serving():
+        with pytest.raises(JitPolicyError, match="rms_norm_kernel would compile at serving time"):
+            rms_norm_jit.fake_run(launch(3))
+    assert not list((tmp_path / "cold").glob("*/*.cubin"))  # refused before compiling
+
+    counting = DispatchMonitor(tmp_path / "cold2", policy="warn")
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(tmp_path / "cold2"), counting.serving():
+        rms_norm_jit.fake_run(launch(3))
+    assert counting.compiles == 1 and counting.compile_seconds > 0 and len(counting.misses) == 1
