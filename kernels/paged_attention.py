@@ -34,14 +34,9 @@ def paged_decode_attention_split_kernel(
     KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
-    INTERPRETER: tl.constexpr,
 ):
-    # INTERPRETER (CPU tests only; False in every GPU binary) works around two bugs of Triton's
-    # interpreter: it multiplies bf16 dot operands as their raw uint16 bits (so dots run in fp32 there:
-    # bf16 x bf16 products are exact in fp32), and Triton 3.6's cannot take a loaded value as a
-    # range() bound (tensor.__index__ fails on NumPy 2). The outer loop is a while loop for that;
-    # the hot token loop stays a for loop, which compiles to far fewer registers than a while loop
-    # (MLA on sm90: 162 vs 255 plus a stack frame), so only the interpreter converts its bounds.
+    # The hot token loop is a for loop: it compiles to far fewer registers than a while loop
+    # (MLA on sm90: 162 vs 255 plus a stack frame).
     part = tl.program_id(0)
     kv_head = tl.program_id(1)
     schedule = schedule_ptr + part * SCHEDULE_WIDTH
@@ -75,33 +70,23 @@ def paged_decode_attention_split_kernel(
 
         q_rows = q_ptr + request * q_batch_stride + heads[:, None] * q_head_stride
         q = tl.load(q_rows + d[None, :], mask=head_mask[:, None] & d_mask[None, :], other=0.0)
-        if INTERPRETER:
-            q = q.to(tl.float32)
         if BLOCK_D_TAIL > 0:
             q_tail = tl.load(q_rows + d_tail[None, :], mask=head_mask[:, None] & d_tail_mask[None, :], other=0.0)
-            if INTERPRETER:
-                q_tail = q_tail.to(tl.float32)
         table_row = block_table_ptr + request * block_table_stride
 
         row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
         row_sum = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-        if INTERPRETER:  # plain Python here: this branch is never compiled
-            token_lo, token_hi = token_lo.handle.data.item(), token_hi.handle.data.item()
         for token_start in range(token_lo, token_hi, BLOCK_N):
             tokens = token_start + tl.arange(0, BLOCK_N)
             token_mask = tokens < token_hi
             block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
             rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride + head_offset
             k = tl.load(key_ptr + rows[:, None] + d[None, :], mask=token_mask[:, None] & d_mask[None, :], other=0.0)
-            if INTERPRETER:
-                k = k.to(tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             if BLOCK_D_TAIL > 0:
                 k_tail = tl.load(key_ptr + rows[:, None] + d_tail[None, :],
                                  mask=token_mask[:, None] & d_tail_mask[None, :], other=0.0)
-                if INTERPRETER:
-                    k_tail = k_tail.to(tl.float32)
                 scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
             scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(scores, axis=1))
@@ -112,8 +97,6 @@ def paged_decode_attention_split_kernel(
             row_sum = row_sum * rescale + tl.sum(probs, axis=1)
             # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
             v = tl.load(value_ptr + rows[:, None] + dv[None, :], mask=token_mask[:, None] & dv_mask[None, :], other=0.0)
-            if INTERPRETER:
-                v = v.to(tl.float32)
             acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
             row_max = new_max
 
@@ -148,7 +131,7 @@ def paged_decode_attention_combine_kernel(
     running_sum = 0.0
     acc = tl.zeros([BLOCK_DV], tl.float32)
     split = split_lo
-    while split < split_hi:  # while, not range(): see the split kernel's INTERPRETER note
+    while split < split_hi:
         lse = tl.load(partial_lse_ptr + split * lse_split_stride + head)
         part_out = tl.load(partial_out_ptr + split * partial_split_stride + head * partial_head_stride + dv,
                            mask=dv_mask, other=0.0)

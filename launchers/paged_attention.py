@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -55,12 +54,6 @@ def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int
     return max(1, sms // (num_kv_heads * head_tiles))
 
 
-def _runs_in_interpreter(tensor: torch.Tensor) -> bool:
-    if tensor.device.type == "meta":  # traced for a real GPU target
-        return False
-    return tensor.device.type == "cpu" or os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, schedule, num_splits,
                                         partial_out, partial_lse, scale: float, value_dim: int) -> Launch | None:
     batch, num_heads, key_dim = q.shape
@@ -90,8 +83,7 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
                         KEY_DIM=key_dim, VALUE_DIM=layout.value_dim,
                         BLOCK_H=block_h, BLOCK_N=32 if wide else 64,
                         BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail,
-                        BLOCK_DV=max(MIN_BLOCK, triton.next_power_of_2(layout.value_dim)),
-                        INTERPRETER=_runs_in_interpreter(q)),
+                        BLOCK_DV=max(MIN_BLOCK, triton.next_power_of_2(layout.value_dim))),
         num_warps=8 if wide else 4,
         num_stages=1 if wide else 2,
     )
