@@ -114,7 +114,7 @@ class Capture(FakeLaunchSink):
                 args=readable_args(kernel, request),
                 num_warps=int(request["num_warps"]),
                 num_stages=int(request["num_stages"]),
-                cache_hash=disk_cache_hash(kernel, target, request),
+                cache_hash=_memoized_disk_cache_hash(kernel, target, request, key),
                 import_path=self.import_path,
                 entry_name=kernel.fn.__name__,
             )
@@ -164,6 +164,21 @@ def readable_args(kernel: JitKernel, request: dict) -> dict[str, str]:
 
 def _path(key):
     return key[0] if isinstance(key, tuple) and len(key) == 1 else key
+
+
+_HASHES: dict[tuple, str] = {}
+
+
+def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, key: str) -> str:
+    """Hashing Triton's source objects costs milliseconds, and a process sees the same requests again
+    and again (every step of an engine dry run). Kernel sources do not change while it runs; the
+    cache-invalidating environment can, so it is part of the memo key."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())))
+    if memo not in _HASHES:
+        _HASHES[memo] = disk_cache_hash(kernel, target, request)
+    return _HASHES[memo]
 
 
 def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
