@@ -42,11 +42,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(e: Exception) -> str:
-    from .jit.specs import SpecError
-
-    text = str(e) if isinstance(e, (SpecError, UsageError)) else f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    if isinstance(e, (LookupError, ValueError, OSError, RuntimeError)) and str(e):
-        text = str(e).strip("'\"")
+    """The error's own message on one line; its type only where the message says too little."""
+    if isinstance(e, KeyError) and e.args:
+        text = str(e.args[0])  # str(KeyError) wraps the message in quotes
+    elif isinstance(e, (LookupError, ValueError, OSError, RuntimeError)) and str(e):
+        text = str(e)
+    else:
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     return " ".join(text.split())
 
 

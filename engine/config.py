@@ -20,6 +20,11 @@ import torch
 import yaml
 
 
+_POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
+             "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate_size", "moe_block_size")
+_NON_NEGATIVE = ("num_shared_experts", "first_dense_layers", "intermediate_size")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A DeepSeek-V2-style decoder: MLA attention and a routed MoE with shared experts."""
@@ -50,6 +55,11 @@ class ModelConfig:
     rope_is_neox: bool = False  # DeepSeek rotates interleaved pairs (gpt-j style)
 
     def __post_init__(self):
+        for name in _POSITIVE + _NON_NEGATIVE:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (name in _POSITIVE):
+                kind = "a positive" if name in _POSITIVE else "a non-negative"
+                raise ValueError(f"{name} must be {kind} integer, got {value!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"{self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
         if self.first_dense_layers and not self.intermediate_size:
@@ -163,11 +173,19 @@ def _model_from(model, where: str) -> ModelConfig:
     if unknown:
         raise ValueError(f"{where}: unknown model field(s) {', '.join(sorted(unknown))}")
     if preset is not None:
-        return dataclasses.replace(_model_from(preset, where), **model)
+        try:
+            return dataclasses.replace(_model_from(preset, where), **model)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: model: {e}") from None
     model.setdefault("name", "custom")
+    missing = [f.name for f in dataclasses.fields(ModelConfig)
+               if f.default is dataclasses.MISSING and f.name not in model]
+    if missing:
+        raise ValueError(f"{where}: model: missing field(s) {', '.join(missing)} "
+                         f"(or start from a preset: 'preset: {next(iter(MODELS))}')")
     try:
         return ModelConfig(**model)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: model: {e}") from None
 
 

@@ -122,6 +122,20 @@ def test_config_files(tmp_path):
         load_engine_config("no-such-preset")
 
 
+@pytest.mark.parametrize("text,message", [
+    ("model: {preset: tiny, hidden_size: -3}", "model: hidden_size must be a positive integer, got -3"),
+    ("model: {preset: tiny, num_shared_experts: -1}", "num_shared_experts must be a non-negative integer"),
+    ("model: {hidden_size: 64}", "model: missing field(s) vocab_size"),
+    ("model: {preset: tiny, top_k: 9}", "top_k 9 > num_experts 8"),
+])
+def test_bad_config_files_name_the_file_and_field(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError) as error:
+        load_engine_config(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+
+
 def test_weights_load_from_safetensors(tmp_path):
     config = dataclasses.replace(TINY, seed=3)
     write_safetensors(tmp_path / "model.safetensors", random_weights(config.model, torch.float32, "cpu", 3))
