@@ -46,10 +46,8 @@ def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan
                 continue
             if not cap.row_keys.get(label):
                 plan.unreachable.append(label)
-    for variant in cap.variants.values():
-        known = plan.variants.setdefault(variant.cache_hash, variant)
-        if known is not variant:
-            known.rows += [r for r in variant.rows if r not in known.rows]
+    # The capture already merged repeated launches (and their rows) per variant, as _plan_spec relies on.
+    plan.variants = {v.cache_hash: v for v in cap.variants.values()}
     return plan
 
 

@@ -138,7 +138,6 @@ class Spec:
     filter: Expr | None
     args: Any  # dict or list of arg templates
     launcher: Any = field(repr=False, default=None)
-    lines: dict = field(repr=False, default_factory=dict)
     source_sha256: str = ""  # of the whole YAML file: part of the plan store's key
 
     @property
@@ -321,7 +320,7 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     if not isinstance(args, (dict, list)):
         raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
     args = _parse_template(args, ("args",), known, loc)
-    spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher, loc.lines)
+    spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher)
     if not spec.rows():
         raise loc.error(("filter",) if filter_expr else (), "the spec has no rows")
     return spec
