@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 import yaml
 
-
 _POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
              "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate_size", "moe_block_size")
 _NON_NEGATIVE = ("num_shared_experts", "first_dense_layers", "intermediate_size")

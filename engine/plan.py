@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..jit import Target, capture, class_reps, resolve_target
 from ..jit.cache import Manifest, entry_files
+from ..jit.check import check
 from ..jit.monitor import JitPolicyError
-from ..jit.warmup import Plan, check
+from ..jit.plan import Plan
 from .config import EngineConfig, load_engine_config
 from .scheduler import Request, ScheduledBatch, Sequence
 

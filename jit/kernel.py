@@ -27,7 +27,6 @@ from .dispatch import FastDispatch
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
 
-
 # TRITONWARM_FAST_DISPATCH=0 sends every launch through Triton's own JITFunction.run.
 FAST_DISPATCH = os.environ.get("TRITONWARM_FAST_DISPATCH", "1") != "0"
 

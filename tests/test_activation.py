@@ -5,7 +5,7 @@ import torch
 
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import plan
+from tritonwarm.jit.plan import plan
 from tritonwarm.kernels.activation import silu_and_mul_reference
 from tritonwarm.launchers.activation import silu_and_mul
 

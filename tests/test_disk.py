@@ -9,7 +9,9 @@ import pytest
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import check, plan, warm
+from tritonwarm.jit.check import check
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm

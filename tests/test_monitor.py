@@ -9,7 +9,8 @@ import torch
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import plan, warm
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.warmup import warm
 from tritonwarm.launchers import rms_norm
 
 SPEC = pathlib.Path(__file__).parent.parent / "warmup_specs" / "rms_norm.yaml"

@@ -8,7 +8,8 @@ import pytest
 
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import plan, warm
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm

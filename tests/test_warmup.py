@@ -11,7 +11,9 @@ from triton import knobs
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, entry_files
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import check, plan, warm
+from tritonwarm.jit.check import check
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm

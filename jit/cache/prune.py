@@ -11,7 +11,9 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from .cache import Manifest, manifests, triton_version, variant_lock
+from .env import triton_version
+from .layout import variant_lock
+from .manifest import Manifest, manifests
 
 
 def _size(folder: Path) -> int:

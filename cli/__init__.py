@@ -1,0 +1,61 @@
+"""The ``tritonwarm`` command: argument parsing and printing only; the work is in ``tritonwarm.jit``.
+
+Exit codes: 0 ok, 1 a check found a problem, 2 bad input (one line on stderr, no traceback;
+set ``TRITONWARM_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from .common import SHIPPED_SPECS, UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("tritonwarm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `tritonwarm list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:  # every error a user can cause ends here, as one line
+        if os.environ.get("TRITONWARM_DEBUG"):
+            traceback.print_exc()
+        print(f"tritonwarm: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+
+
+def _one_line(e: Exception) -> str:
+    """The error's own message on one line; its type only where the message says too little."""
+    if isinstance(e, KeyError) and e.args:
+        text = str(e.args[0])  # str(KeyError) wraps the message in quotes
+    elif isinstance(e, (LookupError, ValueError, OSError, RuntimeError)) and str(e):
+        text = str(e)
+    else:
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return " ".join(text.split())
+
+
+def _parser() -> argparse.ArgumentParser:
+    from ..engine.cli import add_engine_parser
+    from . import cache, warm
+
+    p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
+    sub = p.add_subparsers(metavar="COMMAND")
+    warm.add_parsers(sub)
+    cache.add_parsers(sub)
+    add_engine_parser(sub)
+    return p
+
+
+__all__ = ["main", "UsageError", "SHIPPED_SPECS"]

@@ -1,0 +1,169 @@
+"""Inspecting and tidying a cache: ``list``, ``show``, ``du``, ``prune``, ``targets``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .common import (
+    SHIPPED_SPECS,
+    UsageError,
+    add_cache_args,
+    format_args,
+    public_entry,
+    short_kernel,
+)
+
+
+def add_parsers(sub) -> None:
+    ls = sub.add_parser("list", help="one row per warmed variant")
+    ls.add_argument("--kernel", help="only kernels whose name contains this")
+    ls.add_argument("--target", help="only this target")
+    add_cache_args(ls)
+    ls.set_defaults(func=cmd_list)
+
+    sh = sub.add_parser("show", help="one warmed variant in full, or its IR")
+    sh.add_argument("variant", help="variant id (a prefix of it works) from `tritonwarm list`")
+    from ..jit.inspection import IR_KINDS
+
+    sh.add_argument("--ir", choices=IR_KINDS, help="print this intermediate representation")
+    add_cache_args(sh)
+    sh.set_defaults(func=cmd_show)
+
+    du = sub.add_parser("du", help="disk use per kernel and target")
+    add_cache_args(du)
+    du.set_defaults(func=cmd_du)
+
+    pr = sub.add_parser("prune", help="remove variants no spec plans, a record never used, or of other Tritons")
+    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="specs for --unplanned (default: shipped)")
+    pr.add_argument("--target", help="only this target")
+    pr.add_argument("--unplanned", action="store_true", help="variants none of the specs plans")
+    pr.add_argument("--unused", metavar="RECORD", help="variants this dispatch record (JSONL) never launched")
+    pr.add_argument("--other-versions", action="store_true", help="entries compiled by another Triton version")
+    pr.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    add_cache_args(pr)
+    pr.set_defaults(func=cmd_prune)
+
+    t = sub.add_parser("targets", help="the targets tritonwarm compiles for")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_targets)
+
+
+def cmd_list(args) -> int:
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.inspection import list_variants
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    rows = list_variants(cache_dir, target=args.target, kernel=args.kernel)
+    if args.json:
+        print(json.dumps([public_entry(r) for r in rows], indent=1))
+        return 0
+    if not rows:
+        print(f"no warmed variants in {cache_dir}")
+        return 0
+    table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL", "SHARED", "ARGS")]
+    for r in rows:
+        res = r.get("resources") or {}
+        table.append((r["id"], r["target"], short_kernel(r["kernel"]), str(r["num_warps"]), str(r["num_stages"]),
+                      str(res.get("registers", "-")), str(res.get("local", "-")), str(res.get("shared", "-")),
+                      format_args(r["args"])))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_show(args) -> int:
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.inspection import find_variant, variant_ir
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    entry = find_variant(cache_dir, args.variant)
+    if args.ir:
+        print(variant_ir(cache_dir, entry, args.ir))
+        return 0
+    if args.json:
+        print(json.dumps(public_entry(entry), indent=1))
+        return 0
+    print(f"variant   {entry['id']}  ({entry['target']})")
+    print(f"kernel    {entry['kernel']}")
+    print(f"options   num_warps={entry['num_warps']} num_stages={entry['num_stages']}")
+    for name, cls in entry["args"].items():
+        print(f"  {name:<24} {cls}")
+    if entry.get("resources"):
+        print("resources " + ", ".join(f"{k}={v}" for k, v in entry["resources"].items()))
+    print(f"triton    {entry['triton_version']}, compiled in {entry.get('compile_seconds')} s")
+    print(f"entry     {Path(cache_dir) / entry['entry_dir']}")
+    print(f"key       {entry['key']}")
+    print("rows:")
+    for row in entry["rows"]:
+        print(f"  {row}")
+    return 0
+
+
+def cmd_du(args) -> int:
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.cache.prune import disk_usage
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    usage = disk_usage(cache_dir)
+    if args.json:
+        print(json.dumps({"cache_dir": str(cache_dir), **usage}, indent=1))
+        return 0
+    print(f"{'TARGET':<8} {'KERNEL':<40} {'VARIANTS':>8} {'SIZE':>10}")
+    for row in usage["kernels"]:
+        print(f"{row['target']:<8} {short_kernel(row['kernel']):<40} {row['variants']:>8} {_mib(row['bytes']):>10}")
+    if usage["unmanaged"]["entries"]:
+        print(f"{'-':<8} {'(Triton entries no manifest lists)':<40} {usage['unmanaged']['entries']:>8} "
+              f"{_mib(usage['unmanaged']['bytes']):>10}")
+    print(f"total {_mib(usage['total_bytes'])} in {cache_dir}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    from ..jit.cache import manifests, resolve_cache_dir
+    from ..jit.cache.prune import prune_candidates, remove, used_hashes
+    from ..jit.plan import plan
+    from ..jit.specs import load_specs
+    from ..jit.targets import TARGETS
+
+    if not (args.unplanned or args.unused or args.other_versions):
+        raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-versions")
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    planned = None
+    if args.unplanned:
+        specs = load_specs(args.specs or [SHIPPED_SPECS])
+        names = [args.target] if args.target else [n for n in manifests(cache_dir) if n in TARGETS]
+        planned = {n: set(plan(specs, TARGETS[n], verify_collapse=False).variants) for n in names}
+    used = used_hashes(Path(args.unused)) if args.unused else None
+    doomed = prune_candidates(cache_dir, target=args.target, planned=planned, used=used,
+                              other_versions=args.other_versions)
+    if not args.dry_run:
+        remove(cache_dir, doomed)
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, "removed": doomed,
+                          "bytes": sum(d["bytes"] for d in doomed)}, indent=1))
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for d in doomed:
+        print(f"{verb}  {d['id']}  {d['target']:<7} {short_kernel(d['kernel'])}  ({d['why']})")
+    print(f"{verb} {len(doomed)} variants, {_mib(sum(d['bytes'] for d in doomed))}")
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def cmd_targets(args) -> int:
+    from ..jit.targets import TARGETS, local_target
+
+    local = local_target()
+    rows = [{"name": t.name, "backend": t.backend, "arch": t.arch, "warp_size": t.warp_size,
+             "local": local is not None and local.name == t.name} for t in TARGETS.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(f"{r['name']:<8} {r['backend']:<5} {r['arch']}{'  (this machine)' if r['local'] else ''}")
+    return 0

@@ -1,0 +1,101 @@
+"""What the commands share: the arguments naming specs, targets and the cache; printing helpers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
+
+
+class UsageError(Exception):
+    """Bad input: reported in one line, exit code 2."""
+
+
+def add_cache_args(p):
+    p.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
+                                       "or the user cache dir)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_spec_args(p):
+    p.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR",
+                   help="YAML specs or directories of them (default: the shipped warmup_specs/, unless "
+                        "--engine-config is given)")
+    p.add_argument("--engine-config", metavar="CONFIG",
+                   help="also (or, without specs, only) what this engine config launches: a preset "
+                        "(tiny, deepseek-v2-lite) or a YAML/JSON file")
+    p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ... or local "
+                                    "(default: this machine's GPU)")
+    add_cache_args(p)
+
+
+def prepare(args):
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.specs import load_specs
+    from ..jit.targets import resolve_targets
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise UsageError("TRITON_INTERPRET=1 is set: nothing compiles under the interpreter; unset it to warm up")
+    targets = resolve_targets(args.target)
+    if args.engine_config:
+        from ..engine.config import load_engine_config
+
+        load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
+    specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
+    return specs, targets, resolve_cache_dir(args.cache_dir)
+
+
+def plan_with_engine(args, specs, target, **kwargs):
+    """The specs' plan, plus the engine config's when one is given."""
+    from ..jit.plan import plan
+
+    the_plan = plan(specs, target, **kwargs)
+    if args.engine_config:
+        from ..engine.plan import engine_plan
+
+        the_plan.merge(engine_plan(args.engine_config, target))
+    return the_plan
+
+
+def short_kernel(kernel: str) -> str:
+    return kernel.rsplit(".", 1)[-1]
+
+
+def format_args(args: dict) -> str:
+    """Compact: ``x_ptr:*bf16 n:i32:div16 BLOCK=4096``; only unaligned pointers are marked."""
+    parts = []
+    for name, cls in args.items():
+        if cls.startswith("="):
+            parts.append(f"{name}{cls}")
+        else:
+            parts.append(f"{name}:{cls.replace(' aligned', '').replace(' unaligned', '@unaligned')}")
+    return " ".join(parts)
+
+
+def public_entry(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "specialization_data"}
+
+
+class progress_bar:
+    """A tqdm bar on a terminal; silent otherwise (logs and --json stay clean)."""
+
+    def __init__(self, total: int, desc: str, quiet: bool):
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="variant", file=sys.stderr, leave=False)
+
+    def __enter__(self):
+        def tick(variant, outcome):
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{short_kernel(variant.kernel)} {outcome}", refresh=False)
+                self.bar.update(1)
+
+        return tick
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()

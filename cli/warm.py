@@ -1,0 +1,114 @@
+"""``tritonwarm warmup`` and ``tritonwarm check``: fill the cache from a plan, and prove it covers it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from .common import (
+    UsageError,
+    add_spec_args,
+    format_args,
+    plan_with_engine,
+    prepare,
+    progress_bar,
+    short_kernel,
+)
+
+
+def add_parsers(sub) -> None:
+    w = sub.add_parser("warmup", help="compile every variant the specs plan into Triton's cache")
+    add_spec_args(w)
+    w.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1,
+                   help="compile in this many processes (default: the machine's cores)")
+    w.add_argument("--binary-only", action="store_true",
+                   help="keep only what the runtime loads (cubin/hsaco + metadata), not the IR")
+    w.add_argument("--replan", action="store_true",
+                   help="trace every spec again even where its inputs did not change")
+    w.add_argument("--no-verify-collapse", action="store_true",
+                   help="skip the extra traces that prove each collapsed axis sound")
+    w.set_defaults(func=cmd_warmup)
+
+    c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
+    add_spec_args(c)
+    c.add_argument("--trace", metavar="RECORD",
+                   help="instead: a dispatch record (engine run --record) vs the cache: runtime misses and "
+                        "warmed variants the workload never used")
+    c.set_defaults(func=cmd_check)
+
+
+
+def cmd_warmup(args) -> int:
+    from ..jit.warmup import warm
+
+    specs, targets, cache_dir = prepare(args)
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    results, problems = [], []
+    for target in targets:
+        the_plan = plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
+                         cache_dir=None if args.replan else cache_dir)
+        problems += the_plan.errors + the_plan.collapse_errors
+        with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
+            result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)
+        results.append(result)
+        problems += result.failures
+        if not args.json:
+            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
+                  f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
+                  f"in {result.seconds:.1f} s")
+    totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
+    totals["seconds"] = round(sum(r.seconds for r in results), 3)
+    if args.json:
+        print(json.dumps({**totals, "cache_dir": str(cache_dir), "targets": [r.to_json() for r in results],
+                          "problems": problems}, indent=1))
+    else:
+        print(f"cache: {cache_dir}")
+        for line in problems:
+            print(f"problem: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def cmd_check(args) -> int:
+    from ..jit.check import check
+
+    if args.trace:
+        return _check_trace(args)
+    specs, targets, cache_dir = prepare(args)
+    reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
+    if args.json:
+        print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
+                          "targets": [r.to_json() for r in reports]}, indent=1))
+    else:
+        for r in reports:
+            status = "ok" if r.ok else "PROBLEMS"
+            print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, {len(r.stale)} stale, "
+                  f"{len(r.corrupt)} corrupt, {len(r.unreachable)} unreachable rows, "
+                  f"{len(r.redundant)} redundant rows")
+            for m in r.missing:
+                print(f"  missing  {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
+            for m in r.corrupt:
+                print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}")
+            for m in r.stale:
+                print(f"  stale    {m['id']}  {short_kernel(m['kernel'] or '?')}  {m['why']}")
+            for row in r.unreachable:
+                print(f"  unreachable row: {row} launches no kernel")
+            for line in r.errors + r.collapse_errors:
+                print(f"  error: {line}")
+    return 0 if all(r.ok for r in reports) else 1
+
+
+def _check_trace(args) -> int:
+    from ..engine.plan import check_trace, format_trace_report
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.targets import resolve_target
+
+    target = resolve_target(args.target).name if args.target else None
+    report = check_trace(Path(args.trace), resolve_cache_dir(args.cache_dir), target)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print("\n".join(format_trace_report(report)))
+    return 0 if report.ok else 1

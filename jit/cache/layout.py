@@ -1,0 +1,88 @@
+"""Where the cache lives: its directory, Triton's entry folders, per-key locks.
+
+The compiled binaries are **Triton's own disk-cache entries** (``<dir>/<base32 hash>/...``), so
+Triton's runtime finds them with no help once it reads the same directory. tritonwarm's own files
+live beside them under ``<dir>/tritonwarm/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import platformdirs
+from filelock import FileLock
+
+LOCK_TIMEOUT_S = 600
+
+
+class CacheError(RuntimeError):
+    pass
+
+
+def resolve_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """``--cache-dir`` > ``TRITONWARM_CACHE_DIR`` > the user's own ``TRITON_CACHE_DIR`` > platformdirs.
+
+    The user's ``TRITON_CACHE_DIR`` is read, never written: it is what their runtime reads, so it is
+    the right place to warm when they set it (vLLM #48806 overwrote it).
+    """
+    for candidate in (explicit, os.environ.get("TRITONWARM_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")):
+        if candidate:
+            return Path(candidate).expanduser().absolute()
+    return Path(platformdirs.user_cache_dir("tritonwarm")) / "triton"
+
+
+def ensure_writable(cache_dir: Path) -> None:
+    """Fail early, in one line, when the cache cannot take new entries (a read-only mount, say).
+
+    Serving from such a cache works: Triton only reads it.
+    """
+    folder = Path(cache_dir) / "tritonwarm"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CacheError(f"cannot warm into {cache_dir}: {e.strerror or e} (serving from it still works)") from None
+
+
+def entry_dir(cache_dir: Path, cache_dir_name: str) -> Path:
+    return Path(cache_dir) / cache_dir_name
+
+
+def entry_files(cache_dir: Path, cache_dir_name: str, kernel_name: str) -> dict[str, str] | None:
+    """The files of a complete Triton entry (its ``__grp__`` group), or None: the runtime's view.
+
+    Mirrors ``FileCacheManager.get_group``: a missing or unreadable group file, or a group naming a
+    file that does not exist, reads as a miss.
+    """
+    group = entry_dir(cache_dir, cache_dir_name) / f"__grp__{kernel_name[:150]}.json"
+    try:
+        children = json.loads(group.read_text())["child_paths"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(children, dict) or not all(os.path.exists(p) for p in children.values()):
+        return None
+    return children
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def variant_lock(cache_dir: Path, cache_hash: str):
+    """One compile per key across processes: Triton itself takes no lock (Triton #2688)."""
+    locks = Path(cache_dir) / "tritonwarm" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{cache_hash[:32]}.lock"), timeout=LOCK_TIMEOUT_S):
+        yield

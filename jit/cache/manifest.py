@@ -1,0 +1,104 @@
+"""The manifest tritonwarm keeps beside Triton's entries: what was warmed, for which target, and why.
+
+``<dir>/tritonwarm/manifest-<target>.json``. Writers serialise on a file lock and replace the file
+atomically, so concurrent warm-ups never corrupt it; a warm-up killed at any point leaves either the
+old or the new manifest, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+from .layout import LOCK_TIMEOUT_S, CacheError, file_sha256
+
+MANIFEST_FORMAT = 1
+
+
+class Manifest:
+    """``manifest-<target>.json``: cache hash → what was warmed (kernel, readable key, rows, ...)."""
+
+    def __init__(self, cache_dir: Path, target: str):
+        self.cache_dir = Path(cache_dir)
+        self.target = target
+        self.dir = self.cache_dir / "tritonwarm"
+        self.path = self.dir / f"manifest-{target}.json"
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise CacheError(f"{self.path}: unreadable manifest ({e}); remove it and warm again") from None
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+            raise CacheError(f"{self.path}: not a tritonwarm manifest of format {MANIFEST_FORMAT}")
+        return data.get("variants", {})
+
+    @contextlib.contextmanager
+    def _locked(self):
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.dir / f"manifest-{self.target}.lock"), timeout=LOCK_TIMEOUT_S):
+            yield
+
+    def update(self, entries: dict[str, dict[str, Any]] | None = None, remove: list[str] = ()) -> None:
+        """Merge ``entries`` (and drop ``remove``) under the lock, then replace the file atomically.
+
+        Merging happens against what is on disk *now*, so concurrent writers never lose each
+        other's spec rows; a compile time already recorded survives an entry found cached.
+        """
+        with self._locked():
+            variants = self.read()
+            for key, entry in (entries or {}).items():
+                old = variants.get(key)
+                if old is not None:
+                    entry = {**entry, "rows": sorted(set(old.get("rows", [])) | set(entry.get("rows", [])))}
+                    if entry.get("compile_seconds") is None:
+                        entry["compile_seconds"] = old.get("compile_seconds")
+                variants[key] = entry
+            for key in remove:
+                variants.pop(key, None)
+            payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants}
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".manifest-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(payload, f, indent=1)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+
+
+def manifests(cache_dir: Path) -> dict[str, Manifest]:
+    """Every target that has a manifest in ``cache_dir``."""
+    folder = Path(cache_dir) / "tritonwarm"
+    found = {}
+    for path in sorted(folder.glob("manifest-*.json")):
+        target = path.stem[len("manifest-"):]
+        found[target] = Manifest(cache_dir, target)
+    return found
+
+
+def files_match_record(files: dict[str, str], recorded: dict | None) -> bool:
+    """Files match the content hashes the manifest recorded (when it recorded them)."""
+    if not recorded or "files" not in recorded:
+        return True
+    for name, digest in recorded["files"].items():
+        path = files.get(name)
+        if path is None:
+            return False
+        try:
+            if file_sha256(path) != digest:
+                return False
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,154 @@
+"""Planning: run every spec row through its launcher on fake inputs and keep the keys Triton computed.
+
+``plan`` traces each spec under a ``Capture`` (fake launches, nothing compiled), deduplicates the
+variants, and verifies collapsed axes: a collapsed value of the same class must launch the same
+variants (vLLM #53567). Nothing here compiles or writes the cache, except the plan store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from .cache import PlanStore
+from .kernel import fake_launches
+from .specs import Spec
+from .targets import Target
+from .trace import Capture, Variant
+
+
+@dataclass
+class Plan:
+    target: Target
+    variants: dict[str, Variant] = field(default_factory=dict)  # cache hash -> variant
+    rows: int = 0
+    unreachable: list[str] = field(default_factory=list)  # rows that launch nothing
+    redundant: list[str] = field(default_factory=list)  # rows whose variants earlier rows already give
+    errors: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
+    collapse_errors: list[str] = field(default_factory=list)  # collapsed axes that change the variant
+
+    def merge(self, other: "Plan") -> None:
+        self.rows += other.rows
+        for name in ("unreachable", "redundant", "errors", "collapse_errors"):
+            getattr(self, name).extend(getattr(other, name))
+        for variant in other.variants.values():
+            known = self.variants.get(variant.cache_hash)
+            if known is None:
+                self.variants[variant.cache_hash] = Variant.from_json(variant.to_json())
+            else:
+                known.rows += [r for r in variant.rows if r not in known.rows]
+
+    def to_json(self) -> dict:
+        return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
+                "errors": self.errors, "collapse_errors": self.collapse_errors,
+                "variants": [v.to_json() for v in self.variants.values()]}
+
+    @classmethod
+    def from_json(cls, target: Target, data: dict) -> "Plan":
+        variants = [Variant.from_json(v) for v in data["variants"]]
+        return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
+                   data["redundant"], data["errors"], data["collapse_errors"])
+
+
+def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
+         cache_dir: Path | None = None) -> Plan:
+    """Trace every row of every spec that applies to ``target``; nothing is compiled.
+
+    With ``cache_dir``, a spec whose inputs did not change (its file, tritonwarm's code, its
+    launcher's module, Triton's version and cache-invalidating environment, the target) is not
+    traced again: its plan is read back from ``<cache_dir>/tritonwarm/plans``.
+    """
+    store = PlanStore(cache_dir) if cache_dir is not None else None
+    result = Plan(target)
+    for spec in specs:
+        if not spec.applies_to(target):
+            continue
+        key = store.key(spec, target, verify_collapse) if store else None
+        partial = _stored_plan(store, key, target) if store else None
+        if partial is None:
+            partial = _plan_spec(spec, target, verify_collapse)
+            if store:
+                store.save(key, partial)
+        result.merge(partial)
+    return result
+
+
+def _stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
+    data = store.load(key)
+    try:
+        return Plan.from_json(target, data) if data is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None  # damaged: trace again
+
+
+def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
+    result = Plan(target)
+    cap = Capture()
+    cap.import_path = spec.kernel_path
+    rows = spec.rows()
+    result.rows = len(rows)
+    with fake_launches(cap, target):
+        for row in rows:
+            cap.current_row = row.label
+            try:
+                _call(spec, row.values)
+            except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
+                result.errors.append(f"{row.label}: {type(e).__name__}: {e}")
+    cap.current_row = None
+    collapsed = {a.name for a in spec.collapsed_axes()}
+    seen: list[tuple[dict, set[str]]] = []
+    for row in rows:
+        keys = cap.row_keys.get(row.label, set())
+        if not keys and not any(e.startswith(row.label) for e in result.errors):
+            result.unreachable.append(row.label)
+        # Redundant: everything it launches comes from earlier rows that differ in a declared
+        # (not collapsed) axis. Collapsed representatives often share a variant by design.
+        fixed = {k: v for k, v in row.values.items() if k not in collapsed}
+        others = set().union(*(k for f, k in seen if f != fixed))
+        if keys and keys <= others:
+            result.redundant.append(row.label)
+        seen.append((fixed, keys))
+    if verify_collapse:
+        result.collapse_errors += _verify_collapse(spec, rows, cap, target)
+    result.variants = {v.cache_hash: v for v in cap.variants.values()}
+    return result
+
+
+def _call(spec: Spec, values: dict):
+    args, kwargs = spec.call_arguments(values)
+    return spec.launcher(*args, **kwargs)
+
+
+def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str]:
+    """Same class ⇒ same variants: trace other values of each collapsed axis and compare.
+
+    This is what catches a runtime scalar that also picks a constexpr (vLLM #53567: a numel of
+    4096 collapsed to 16 warmed BLOCK=16 while the runtime launched BLOCK=1024).
+    """
+    problems = []
+    for axis in spec.collapsed_axes():
+        for index, row in enumerate(rows):
+            expected = cap.row_keys.get(row.label)
+            if not expected:
+                continue
+            for sample in spec.collapse_samples(axis, row.values[axis.name], seed=index):
+                probe = Capture()
+                with fake_launches(probe, target):
+                    probe.current_row = "probe"
+                    try:
+                        _call(spec, {**row.values, axis.name: sample})
+                    except Exception:
+                        continue  # reported for the row itself if it matters
+                got = probe.row_keys.get("probe", set())
+                if got != expected:
+                    problems.append(
+                        f"{spec.file}:{axis.line}: axes.{axis.name}: collapse: true is unsound: "
+                        f"{axis.name}={sample} launches other variants than {axis.name}={row.values[axis.name]} "
+                        f"({row.label}); it drives a constexpr or the kernel choice, so enumerate it"
+                    )
+                    break
+            else:
+                continue
+            break
+    return problems
