@@ -19,6 +19,7 @@ from ..jit.check import check
 from ..jit.monitor import JitPolicyError
 from ..jit.plan import Plan
 from .config import EngineConfig, load_engine_config
+from .engine import Engine
 from .scheduler import Request, ScheduledBatch, Sequence
 
 log = logging.getLogger("tritonwarm")
@@ -27,8 +28,6 @@ IMPORT_PATH = "tritonwarm.engine.ops"  # defines every kernel the engine launche
 
 def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan:
     """Every variant the engine of ``config`` launches on ``target``; nothing is compiled."""
-    from .runner import Engine
-
     config = load_engine_config(config)
     target = resolve_target(target) if isinstance(target, str) else target
     engine = Engine(config, "triton", "meta")

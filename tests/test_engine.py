@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-
 from tritonwarm.engine.config import ENGINES, engine_config_from_dict, load_engine_config
+from tritonwarm.engine.engine import Engine
 from tritonwarm.engine.kv import BlockAllocator, OutOfBlocks
-from tritonwarm.engine.runner import Engine, make_workload, serve
+from tritonwarm.engine.runner import make_workload, serve
 from tritonwarm.engine.scheduler import Request, Scheduler
 from tritonwarm.engine.weights import random_weights, write_safetensors
 
