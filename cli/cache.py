@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .common import (
@@ -35,7 +36,7 @@ def add_parsers(sub) -> None:
     du.set_defaults(func=cmd_du)
 
     pr = sub.add_parser("prune", help="remove variants no spec plans, a record never used, or of other Tritons")
-    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="specs for --unplanned (default: shipped)")
+    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="specs for --unplanned (default: every spec and engine config the cache was warmed from)")
     pr.add_argument("--target", help="only this target")
     pr.add_argument("--unplanned", action="store_true", help="variants none of the specs plans")
     pr.add_argument("--unused", metavar="RECORD", help="variants this dispatch record (JSONL) never launched")
@@ -123,8 +124,6 @@ def cmd_du(args) -> int:
 def cmd_prune(args) -> int:
     from ..jit.cache import manifests, resolve_cache_dir
     from ..jit.cache.prune import prune_candidates, remove, used_hashes
-    from ..jit.plan import plan
-    from ..jit.specs import load_specs
     from ..jit.targets import TARGETS
 
     if not (args.unplanned or args.unused or args.other_versions):
@@ -132,9 +131,8 @@ def cmd_prune(args) -> int:
     cache_dir = resolve_cache_dir(args.cache_dir)
     planned = None
     if args.unplanned:
-        specs = load_specs(args.specs or [SHIPPED_SPECS])
         names = [args.target] if args.target else [n for n in manifests(cache_dir) if n in TARGETS]
-        planned = {n: set(plan(specs, TARGETS[n], verify_collapse=False).variants) for n in names}
+        planned = {n: _planned_hashes(cache_dir, TARGETS[n], args.specs) for n in names}
     used = used_hashes(Path(args.unused)) if args.unused else None
     doomed = prune_candidates(cache_dir, target=args.target, planned=planned, used=used,
                               other_versions=args.other_versions)
@@ -149,6 +147,30 @@ def cmd_prune(args) -> int:
         print(f"{verb}  {d['id']}  {d['target']:<7} {short_kernel(d['kernel'])}  ({d['why']})")
     print(f"{verb} {len(doomed)} variants, {_mib(sum(d['bytes'] for d in doomed))}")
     return 0
+
+
+def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
+    """What still plans entries for ``target``: the specs named, or else every spec file and engine
+    config the cache was warmed from (the shipped specs when it recorded none)."""
+    from ..jit.cache.sources import PlanSources
+    from ..jit.plan import plan
+    from ..jit.specs import load_specs
+
+    if explicit_specs:
+        return set(plan(load_specs(explicit_specs), target, verify_collapse=False).variants)
+    sources = PlanSources(cache_dir, target.name).read()
+    if not sources["specs"] and not sources["engine_configs"]:
+        return set(plan(load_specs([SHIPPED_SPECS]), target, verify_collapse=False).variants)
+    present = [s for s in sources["specs"] if Path(s).is_file()]
+    for gone in sorted(set(sources["specs"]) - set(present)):
+        print(f"note: {gone} no longer exists: nothing plans its variants", file=sys.stderr)
+    hashes = set(plan(load_specs(present), target, verify_collapse=False).variants) if present else set()
+    if sources["engine_configs"]:
+        from ..engine.plan import engine_plan
+
+        for config in sources["engine_configs"]:
+            hashes |= set(engine_plan(config, target).variants)
+    return hashes
 
 
 def _mib(n: int) -> str:

@@ -28,10 +28,13 @@ IMPORT_PATH = "tritonwarm.engine.ops"  # defines every kernel the engine launche
 
 def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan:
     """Every variant the engine of ``config`` launches on ``target``; nothing is compiled."""
+    source = config if isinstance(config, (str, Path)) else None
     config = load_engine_config(config)
     target = resolve_target(target) if isinstance(target, str) else target
     engine = Engine(config, "triton", "meta")
     plan = Plan(target)
+    if source is not None:  # a preset's name, or the config file's absolute path
+        plan.sources["engine_configs"] = [str(Path(source).resolve()) if Path(source).is_file() else str(source)]
     name = config.model.name
     with capture(target) as cap:
         cap.import_path = IMPORT_PATH

@@ -7,12 +7,12 @@ variants (vLLM #53567). Nothing here compiles or writes the cache, except the pl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from .cache import PlanStore
-from .kernel import fake_launches
+from .kernel import JitKernel, fake_launches
 from .specs import Spec
 from .targets import Target
 from .trace import Capture, Variant
@@ -27,11 +27,15 @@ class Plan:
     redundant: list[str] = field(default_factory=list)  # rows whose variants earlier rows already give
     errors: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
     collapse_errors: list[str] = field(default_factory=list)  # collapsed axes that change the variant
+    # what planned it: spec files and engine configs, recorded by warm-up so prune can re-plan them
+    sources: dict[str, list[str]] = field(default_factory=lambda: {"specs": [], "engine_configs": []})
 
-    def merge(self, other: "Plan") -> None:
+    def merge(self, other: Plan) -> None:
         self.rows += other.rows
         for name in ("unreachable", "redundant", "errors", "collapse_errors"):
             getattr(self, name).extend(getattr(other, name))
+        for kind, names in other.sources.items():
+            self.sources[kind] = sorted(set(self.sources.get(kind, [])) | set(names))
         for variant in other.variants.values():
             known = self.variants.get(variant.cache_hash)
             if known is None:
@@ -45,7 +49,7 @@ class Plan:
                 "variants": [v.to_json() for v in self.variants.values()]}
 
     @classmethod
-    def from_json(cls, target: Target, data: dict) -> "Plan":
+    def from_json(cls, target: Target, data: dict) -> Plan:
         variants = [Variant.from_json(v) for v in data["variants"]]
         return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
                    data["redundant"], data["errors"], data["collapse_errors"])
@@ -56,30 +60,52 @@ def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
     """Trace every row of every spec that applies to ``target``; nothing is compiled.
 
     With ``cache_dir``, a spec whose inputs did not change (its file, tritonwarm's code, its
-    launcher's module, Triton's version and cache-invalidating environment, the target) is not
-    traced again: its plan is read back from ``<cache_dir>/tritonwarm/plans``.
+    launcher's module, the source of every kernel it traced, Triton's version and cache-invalidating
+    environment, the target) is not traced again: its plan is read back from the plan store.
     """
     store = PlanStore(cache_dir) if cache_dir is not None else None
     result = Plan(target)
     for spec in specs:
         if not spec.applies_to(target):
             continue
+        result.sources["specs"] = sorted(set(result.sources["specs"]) | {str(Path(spec.file).resolve())})
         key = store.key(spec, target, verify_collapse) if store else None
         partial = _stored_plan(store, key, target) if store else None
         if partial is None:
             partial = _plan_spec(spec, target, verify_collapse)
             if store:
-                store.save(key, partial)
+                store.save(key, partial.to_json(), kernel_source_keys(partial))
         result.merge(partial)
     return result
 
 
 def _stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
-    data = store.load(key)
+    """The stored plan, if it is intact and every kernel it traced still has the same source."""
+    stored = store.load(key)
+    if stored is None:
+        return None
+    data, kernels = stored
+    if any(_source_key(name) != source_key for name, source_key in kernels.items()):
+        return None  # a kernel (or a @triton.jit function it calls) was edited
     try:
-        return Plan.from_json(target, data) if data is not None else None
+        return Plan.from_json(target, data)
     except (KeyError, TypeError, ValueError):
-        return None  # damaged: trace again
+        return None
+
+
+def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
+    """Triton's source key of each kernel the plan traced: it changes with the kernel's source, its
+    first line, and the ``@triton.jit`` functions and constexpr globals it uses."""
+    keys = {}
+    for variant in the_plan.variants.values():
+        if variant.kernel not in keys:
+            keys[variant.kernel] = _source_key(variant.kernel)
+    return keys
+
+
+def _source_key(kernel_name: str) -> str | None:
+    kernel = JitKernel.lookup(kernel_name)
+    return kernel.jit_function.cache_key if kernel is not None else None
 
 
 def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:

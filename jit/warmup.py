@@ -28,6 +28,7 @@ from .cache import (
     triton_version,
     variant_lock,
 )
+from .cache.sources import PlanSources
 from .compile import compile_variant
 from .plan import Plan
 from .resources import resource_usage
@@ -77,6 +78,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
             manifest.update({variant.cache_hash: _manifest_entry(variant, details, version, env)})
         if progress:
             progress(variant, status)
+    PlanSources(cache_dir, target.name).add(**the_plan.sources)
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 

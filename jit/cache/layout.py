@@ -12,7 +12,9 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
+from typing import Any
 
 import platformdirs
 from filelock import FileLock
@@ -86,3 +88,39 @@ def variant_lock(cache_dir: Path, cache_hash: str):
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"{cache_hash[:32]}.lock"), timeout=LOCK_TIMEOUT_S):
         yield
+
+
+_umask_lock = threading.Lock()
+
+
+def file_mode() -> int:
+    """The mode a plain ``open()`` would give a new file: 0o666 less the process umask.
+
+    ``mkstemp`` creates files 0600, which would lock the account a server runs under out of a
+    shared cache's manifest; the atomic writers below give their files this mode instead.
+    """
+    with _umask_lock:
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = None, durable: bool = False) -> None:
+    """Write ``data`` as JSON to ``path`` all at once: readers see the old file or the new one.
+
+    A temporary file in the same folder is renamed over ``path``; ``durable`` also fsyncs it first.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=indent)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from .layout import LOCK_TIMEOUT_S, CacheError, file_sha256
+from .layout import LOCK_TIMEOUT_S, CacheError, file_sha256, write_json_atomic
 
 MANIFEST_FORMAT = 1
 
@@ -65,17 +63,7 @@ class Manifest:
             for key in remove:
                 variants.pop(key, None)
             payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants}
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".manifest-", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(payload, f, indent=1)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            write_json_atomic(self.path, payload, indent=1, durable=True)
 
 
 def manifests(cache_dir: Path) -> dict[str, Manifest]:

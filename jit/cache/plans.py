@@ -5,12 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 from .env import cache_env, triton_version
-from .layout import file_sha256
+from .layout import file_sha256, write_json_atomic
 
 
 @lru_cache(maxsize=1)
@@ -28,9 +27,16 @@ def code_fingerprint() -> str:
 
 
 class PlanStore:
-    """Traced plans keyed by everything that can change them, so a no-op warm-up re-traces nothing."""
+    """Traced plans keyed by everything that can change them, so a no-op warm-up re-traces nothing.
 
-    FORMAT = 1
+    The key covers the spec file, tritonwarm's code, the launcher's module, Triton and its
+    environment, the target. Kernels may live elsewhere (another module, another package): each
+    stored plan also records Triton's source key of every kernel it traced (``JITFunction.cache_key``,
+    which covers the kernel's ``@triton.jit`` dependencies), and the planner re-traces when one
+    changed. A stored plan carries a digest of itself, so a file altered by hand is not trusted.
+    """
+
+    FORMAT = 2
 
     def __init__(self, cache_dir: Path):
         self.dir = Path(cache_dir) / "tritonwarm" / "plans"
@@ -46,20 +52,28 @@ class PlanStore:
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
-    def load(self, key: str) -> dict | None:
-        """The stored plan's JSON, or None when absent or unreadable (the caller traces again)."""
+    def load(self, key: str) -> tuple[dict, dict[str, str]] | None:
+        """``(plan JSON, kernel source keys)`` as saved under ``key``, or None: absent, unreadable,
+        of another format or altered since it was written (the caller traces again)."""
         try:
             data = json.loads((self.dir / f"{key}.json").read_text())
-        except (OSError, ValueError):
+            if data["format"] != self.FORMAT or data["key"] != key or data["digest"] != _digest(data):
+                return None
+            return data["plan"], data["kernels"]
+        except (OSError, ValueError, KeyError, TypeError):
             return None
-        return data if isinstance(data, dict) else None
 
-    def save(self, key: str, the_plan) -> None:
+    def save(self, key: str, plan_json: dict, kernels: dict[str, str]) -> None:
+        """Remember a traced plan and the source key of each kernel it traced (see ``plan.py``)."""
+        data = {"format": self.FORMAT, "key": key, "kernels": kernels, "plan": plan_json}
+        data["digest"] = _digest(data)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".plan-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(the_plan.to_json(), f)
-            os.replace(tmp, self.dir / f"{key}.json")
+            write_json_atomic(self.dir / f"{key}.json", data)
         except OSError:
             pass  # a read-only cache still serves; it just cannot remember plans
+
+
+def _digest(data: dict) -> str:
+    body = {k: data[k] for k in ("format", "key", "kernels", "plan")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,168 @@
+"""What a warm-up may trust: stored plans only while every traced kernel's source is unchanged and the
+file is as written; `prune --unplanned` only what no recorded plan (specs and engine configs) needs;
+files readable by whoever the umask lets read them."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import Manifest, PlanStore
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+
+RMS_SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  dtype: [float16, bfloat16]
+args:
+  x: {tensor: [8, 4096], dtype: $dtype}
+  weight: {tensor: [4096], dtype: $dtype}
+"""
+
+KERNEL_MODULE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_const(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(x_ptr + offs, x + 1.0, mask=offs < n)
+"""
+
+LAUNCHER_MODULE = """
+import triton
+from tritonwarm.jit import JitKernel, Launch
+
+from edited_kernels import add_const
+
+
+def _launch(x):
+    return Launch(grid=(triton.cdiv(x.numel(), 256),), args=(x, x.numel()), constexprs=dict(BLOCK=256))
+
+
+add_const_jit = JitKernel(add_const, _launch)
+
+
+def add_const_launcher(x):
+    return add_const_jit(x)
+"""
+
+CUSTOM_SPEC = """
+kernel: edited_launchers:add_const_launcher
+args:
+  x: {tensor: [1024], dtype: float32}
+"""
+
+
+def tritonwarm(*args, rc=0, env=None):
+    proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture
+def custom_kernel(tmp_path):
+    """A kernel in one module, its launcher in another, and a spec naming the launcher."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "edited_kernels.py").write_text(KERNEL_MODULE)
+    (code / "edited_launchers.py").write_text(LAUNCHER_MODULE)
+    spec = tmp_path / "custom.yaml"
+    spec.write_text(CUSTOM_SPEC)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+    return code, spec, env
+
+
+@pytest.mark.slow
+def test_editing_a_kernel_in_another_module_recompiles_it(custom_kernel, tmp_path):
+    code, spec, env = custom_kernel
+    cache = tmp_path / "cache"
+    first = json.loads(tritonwarm("warmup", spec, "--target", "sm90", "--cache-dir", cache, "--json", env=env).stdout)
+    again = json.loads(tritonwarm("warmup", spec, "--target", "sm90", "--cache-dir", cache, "--json", env=env).stdout)
+    assert (first["compiled"], again["compiled"], again["cached"]) == (1, 0, 1)
+
+    kernels = code / "edited_kernels.py"
+    kernels.write_text(kernels.read_text().replace("x + 1.0", "x + 2.0"))
+    edited = json.loads(tritonwarm("warmup", spec, "--target", "sm90", "--cache-dir", cache, "--json", env=env).stdout)
+    assert edited["compiled"] == 1, edited
+    tritonwarm("check", spec, "--target", "sm90", "--cache-dir", cache, env=env)
+
+
+def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path):
+    spec_file = tmp_path / "rms.yaml"
+    spec_file.write_text(RMS_SPEC)
+    specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"
+    traced = plan(specs, target, cache_dir=cache)
+    [stored] = (cache / "tritonwarm" / "plans").glob("*.json")
+    data = json.loads(stored.read_text())
+    data["plan"]["variants"] = data["plan"]["variants"][:1]  # still valid JSON, and wrong
+    stored.write_text(json.dumps(data))
+
+    again = plan(specs, target, cache_dir=cache)
+    assert set(again.variants) == set(traced.variants) and len(traced.variants) == 2
+
+
+def test_a_stored_plan_is_traced_again_when_a_kernel_source_key_changed(tmp_path, monkeypatch):
+    from tritonwarm.jit import plan as planning
+
+    spec_file = tmp_path / "rms.yaml"
+    spec_file.write_text(RMS_SPEC)
+    specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"
+    plan(specs, target, cache_dir=cache)
+    [stored] = (cache / "tritonwarm" / "plans").glob("*.json")
+    [(kernel, source_key)] = json.loads(stored.read_text())["kernels"].items()
+    from tritonwarm.jit.kernel import JitKernel
+
+    assert source_key == JitKernel.lookup(kernel).jit_function.cache_key
+
+    traced = []
+    original = planning._plan_spec
+    monkeypatch.setattr(planning, "_plan_spec", lambda *a: traced.append(1) or original(*a))
+    plan(specs, target, cache_dir=cache)
+    assert traced == []  # unchanged: read back
+    monkeypatch.setattr(planning, "_source_key", lambda name: "edited")
+    plan(specs, target, cache_dir=cache)
+    assert traced == [1]
+
+
+@pytest.mark.slow
+def test_prune_unplanned_keeps_what_an_engine_config_warmed(custom_kernel, tmp_path):
+    _, spec, env = custom_kernel
+    cache = tmp_path / "cache"
+    tritonwarm("warmup", "--engine-config", "tiny", "--target", "sm90", "--cache-dir", cache, env=env)
+    tritonwarm("warmup", spec, "--target", "sm90", "--cache-dir", cache, env=env)
+    before = set(Manifest(cache, "sm90").read())
+
+    kept = json.loads(tritonwarm("prune", "--unplanned", "--cache-dir", cache, "--json", env=env).stdout)
+    assert kept["removed"] == [] and set(Manifest(cache, "sm90").read()) == before
+    tritonwarm("check", "--engine-config", "tiny", "--target", "sm90", "--cache-dir", cache, env=env)
+
+    spec.unlink()  # nothing plans the custom kernel any more: its variant goes, the engine's stay
+    gone = json.loads(tritonwarm("prune", "--unplanned", "--cache-dir", cache, "--json", env=env).stdout)
+    assert [d["kernel"].rsplit(".", 1)[-1] for d in gone["removed"]] == ["add_const"]
+    tritonwarm("check", "--engine-config", "tiny", "--target", "sm90", "--cache-dir", cache, env=env)
+
+
+def test_manifest_and_plans_follow_the_umask(tmp_path):
+    spec_file = tmp_path / "rms.yaml"
+    spec_file.write_text(textwrap.dedent(RMS_SPEC).replace("[float16, bfloat16]", "[float16]"))
+    cache = tmp_path / "cache"
+    previous = os.umask(0o022)
+    try:
+        warm(plan(load_specs([spec_file]), TARGETS["sm90"], cache_dir=cache), cache)
+    finally:
+        os.umask(previous)
+    files = [Manifest(cache, "sm90").path, *PlanStore(cache).dir.glob("*.json")]
+    assert len(files) == 2
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
