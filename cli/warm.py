@@ -29,6 +29,8 @@ def add_parsers(sub) -> None:
                    help="trace every spec again even where its inputs did not change")
     w.add_argument("--no-verify-collapse", action="store_true",
                    help="skip the extra traces that prove each collapsed axis sound")
+    w.add_argument("--push", metavar="URL",
+                   help="then push every planned entry to a shared Redis cache: redis://HOST:PORT[/DB]")
     w.set_defaults(func=cmd_warmup)
 
     c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
@@ -36,6 +38,8 @@ def add_parsers(sub) -> None:
     c.add_argument("--trace", metavar="RECORD",
                    help="instead: a dispatch record (engine run --record) vs the cache: runtime misses and "
                         "warmed variants the workload never used")
+    c.add_argument("--remote", metavar="URL",
+                   help="instead: the plan vs a shared Redis cache (redis://HOST:PORT[/DB]): missing, corrupt")
     c.set_defaults(func=cmd_check)
 
 
@@ -46,7 +50,8 @@ def cmd_warmup(args) -> int:
     specs, targets, cache_dir = prepare(args)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    results, problems = [], []
+    store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
+    results, problems, pushes = [], [], []
     for target in targets:
         the_plan = plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
                          cache_dir=None if args.replan else cache_dir)
@@ -59,11 +64,14 @@ def cmd_warmup(args) -> int:
             print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
                   f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
                   f"in {result.seconds:.1f} s")
+        if store is not None:
+            pushes.append(_push(args, the_plan, cache_dir, store))
+            problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
     totals["seconds"] = round(sum(r.seconds for r in results), 3)
     if args.json:
         print(json.dumps({**totals, "cache_dir": str(cache_dir), "targets": [r.to_json() for r in results],
-                          "problems": problems}, indent=1))
+                          "pushed": [p.to_json() for p in pushes], "problems": problems}, indent=1))
     else:
         print(f"cache: {cache_dir}")
         for line in problems:
@@ -76,6 +84,8 @@ def cmd_check(args) -> int:
 
     if args.trace:
         return _check_trace(args)
+    if args.remote:
+        return _check_remote(args)
     specs, targets, cache_dir = prepare(args)
     reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
     if args.json:
@@ -112,3 +122,42 @@ def _check_trace(args) -> int:
     else:
         print("\n".join(format_trace_report(report)))
     return 0 if report.ok else 1
+
+
+def _remote_store(url: str):
+    """The shared cache at ``url``, answering now; an unusable URL is bad input (one line, exit 2)."""
+    from ..jit.cache.remote import RedisStore, RemoteCacheError, RemoteUnavailable
+
+    store = RedisStore(url)
+    try:
+        store.ping()
+    except RemoteUnavailable as e:
+        raise RemoteCacheError(f"cannot reach {e}") from None
+    return store
+
+
+def _push(args, the_plan, cache_dir, store):
+    from ..jit.cache.remote import push
+
+    report = push(the_plan.variants.values(), cache_dir, store, the_plan.target.name)
+    if not args.json:
+        print(f"{report.target}: pushed to {report.url}: {len(report.pushed)} pushed, {len(report.present)} "
+              f"already there, {len(report.not_local)} not in the local cache")
+    return report
+
+
+def _check_remote(args) -> int:
+    from ..jit.cache.remote import check_remote
+
+    specs, targets, _ = prepare(args)
+    store = _remote_store(args.remote)
+    reports = [check_remote(plan_with_engine(args, specs, t).variants.values(), store, t.name) for t in targets]
+    if args.json:
+        print(json.dumps({"ok": all(r.ok for r in reports), "targets": [r.to_json() for r in reports]}, indent=1))
+    for r in [] if args.json else reports:
+        print(f"{r.target}: {'ok' if r.ok else 'PROBLEMS'}: {r.url}: {r.planned} planned, {len(r.present)} present, "
+              f"{len(r.missing)} missing, {len(r.corrupt)} corrupt")
+        for state in ("missing", "corrupt"):
+            for m in getattr(r, state):
+                print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
+    return 0 if all(r.ok for r in reports) else 1

@@ -1,0 +1,426 @@
+"""A cache shared by a fleet: Triton's cache entries in Redis, behind Triton's own plug points.
+
+A serving process needs two environment variables and no code change::
+
+    TRITON_CACHE_MANAGER=tritonwarm.jit.cache.remote:RedisCacheManager
+    TRITONWARM_REDIS_URL=redis://cache.internal:6379/0
+
+``RedisCacheManager`` is Triton's ``FileCacheManager`` with Redis behind it: a lookup reads the local
+cache first; on a miss it fetches the entry from Redis, checks every file's sha256, writes the entry
+into the local cache (so later lookups stay on the machine) and hands Triton the local paths. What the
+process compiles itself is written locally and pushed.
+
+``RedisBackend`` puts the same store behind Triton's own ``RemoteCacheManager``
+(``TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager`` plus
+``TRITON_REMOTE_CACHE_BACKEND=tritonwarm.jit.cache.remote:RedisBackend``); Triton's manager asks
+Redis on every lookup, even for what it wrote locally before. Triton's own ``RedisRemoteCacheBackend``
+reads ``knobs.cache.redis``, which does not exist in Triton 3.6 to 3.9.
+
+In Redis, content-addressed::
+
+    tritonwarm:blob:<sha256>             the bytes whose sha256 is in the key
+    tritonwarm:file:<entry>:<file name>  the sha256 of that entry's file
+
+An entry's group file (``__grp__<kernel>.json``) is stored like any other file, but its JSON names
+each child's sha256 instead of a path: a group and its children read as one consistent set wherever
+the cache is served from, and a value whose bytes do not hash to its key reads as a miss. Writes are
+idempotent (the same bytes land on the same keys) and the group goes last in one transaction, so
+concurrent pushers lose nothing and a reader never sees a group before its files.
+
+When Redis cannot be reached, serving goes on with the local cache: one warning per process, another
+try at most every ``RETRY_AFTER_S`` seconds, connect and read timeouts of ``TRITONWARM_REDIS_TIMEOUT``
+seconds (default 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
+
+from .layout import CacheError, entry_files
+
+URL_ENV = "TRITONWARM_REDIS_URL"
+TIMEOUT_ENV = "TRITONWARM_REDIS_TIMEOUT"
+DEFAULT_TIMEOUT_S = 1.0
+RETRY_AFTER_S = 30.0
+NAMESPACE = "tritonwarm"
+GROUP_PREFIX = "__grp__"
+
+log = logging.getLogger(__name__)
+
+
+class RemoteCacheError(CacheError):
+    """A bad Redis URL, or no ``redis`` package."""
+
+
+class RemoteUnavailable(RemoteCacheError):
+    """Redis did not answer (refused, timed out, went away)."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def parse_redis_url(url: str) -> dict:
+    """``redis://[[user]:password@]HOST[:PORT][/DB]`` (or ``rediss://`` for TLS) as client arguments."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 6379
+    except ValueError as e:
+        raise RemoteCacheError(f"bad Redis URL {url!r}: {e}") from None
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise RemoteCacheError(f"bad Redis URL {url!r}: expected redis://HOST:PORT[/DB]")
+    if parts.query or parts.fragment:
+        raise RemoteCacheError(f"bad Redis URL {url!r}: no query or fragment expected")
+    db_text = parts.path.strip("/") or "0"
+    if not db_text.isdigit():
+        raise RemoteCacheError(f"bad Redis URL {url!r}: the database after '/' must be a number, got {db_text!r}")
+    return {"host": parts.hostname, "port": port, "db": int(db_text), "username": parts.username or None,
+            "password": parts.password or None, "ssl": parts.scheme == "rediss"}
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
+
+
+def timeout_s() -> float:
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise RemoteCacheError(f"{TIMEOUT_ENV}={text!r}: expected seconds, e.g. 1.0") from None
+    if not 0 < value <= 60:
+        raise RemoteCacheError(f"{TIMEOUT_ENV}={text!r}: expected seconds between 0 and 60")
+    return value
+
+
+class RedisStore:
+    """Triton's cache entries on one Redis server. Raises ``RemoteUnavailable`` when it does not answer."""
+
+    def __init__(self, url: str, timeout: float | None = None):
+        params = parse_redis_url(url)
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise RemoteCacheError("a Redis cache needs the redis package: pip install 'tritonwarm[redis]'") from None
+        self.url = shown_url(url)
+        self._errors = (redis.RedisError, OSError)
+        seconds = timeout if timeout is not None else timeout_s()
+        self._client = redis.Redis(**params, socket_connect_timeout=seconds, socket_timeout=seconds,
+                                   retry=Retry(NoBackoff(), 0), health_check_interval=0)
+
+    def _do(self, fn: Callable):
+        try:
+            return fn()
+        except self._errors as e:
+            raise RemoteUnavailable(f"Redis at {self.url}: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+    @staticmethod
+    def _file_key(entry: str, name: str) -> str:
+        return f"{NAMESPACE}:file:{entry}:{name}"
+
+    @staticmethod
+    def _blob_key(digest: str) -> str:
+        return f"{NAMESPACE}:blob:{digest}"
+
+    def ping(self) -> None:
+        self._do(self._client.ping)
+
+    def read_files(self, entry: str, names: list[str], known: dict[str, str] | None = None) -> dict[str, bytes]:
+        """The named files whose bytes match their recorded sha256 (``known`` saves asking for it)."""
+        known = known or {}
+        ask = [n for n in names if n not in known]
+        digests = dict(known)
+        if ask:
+            found = self._do(lambda: self._client.mget([self._file_key(entry, n) for n in ask]))
+            digests.update(zip(ask, found, strict=True))
+        wanted = [(n, digests[n].decode() if isinstance(digests[n], bytes) else digests[n])
+                  for n in names if digests.get(n)]
+        if not wanted:
+            return {}
+        blobs = self._do(lambda: self._client.mget([self._blob_key(d) for _, d in wanted]))
+        return {n: b for (n, d), b in zip(wanted, blobs, strict=True) if b is not None and sha256(b) == d}
+
+    def entry_state(self, entry: str, group_name: str) -> tuple[str, dict[str, bytes]]:
+        """``("ok", files)``, ``("missing", {})`` or ``("corrupt", {})`` for one entry's group and children."""
+        digest = self._do(lambda: self._client.get(self._file_key(entry, group_name)))
+        if digest is None:
+            return "missing", {}
+        group = self._do(lambda: self._client.get(self._blob_key(digest.decode())))
+        if group is None:
+            return "missing", {}
+        children = _group_hashes(group) if sha256(group) == digest.decode() else None
+        if children is None:
+            return "corrupt", {}
+        names = sorted(children)
+        blobs = self._do(lambda: self._client.mget([self._blob_key(children[n]) for n in names])) if names else []
+        if any(b is None for b in blobs):
+            return "missing", {}
+        if any(sha256(b) != children[n] for n, b in zip(names, blobs, strict=True)):
+            return "corrupt", {}
+        return "ok", dict(zip(names, blobs, strict=True))
+
+    def read_entry(self, entry: str, group_name: str) -> dict[str, bytes] | None:
+        """Every child of the entry, verified, or None: a missing or damaged part is a miss."""
+        state, files = self.entry_state(entry, group_name)
+        return files if state == "ok" else None
+
+    def write_files(self, entry: str, files: dict[str, bytes]) -> None:
+        """Blobs first, then the names pointing at them, in one transaction."""
+        pipe = self._client.pipeline(transaction=True)
+        for name, data in files.items():
+            digest = sha256(data)
+            pipe.set(self._blob_key(digest), data)
+            pipe.set(self._file_key(entry, name), digest)
+        self._do(pipe.execute)
+
+    def write_group(self, entry: str, group_name: str, hashes: dict[str, str]) -> None:
+        """The group alone: its children are already stored (``write_files``)."""
+        self.write_files(entry, {group_name: _group_json(hashes)})
+
+    def write_entry(self, entry: str, group_name: str, files: dict[str, bytes]) -> None:
+        """A whole entry in one transaction: children, then the group naming them by hash."""
+        hashes = {name: sha256(data) for name, data in files.items()}
+        self.write_files(entry, {**files, group_name: _group_json(hashes)})
+
+
+def _group_json(hashes: dict[str, str]) -> bytes:
+    # Named "child_paths" like Triton's own group file, so Triton's RemoteCacheManager can iterate the names.
+    return json.dumps({"child_paths": dict(sorted(hashes.items()))}, sort_keys=True).encode()
+
+
+def _group_hashes(data: bytes) -> dict[str, str] | None:
+    try:
+        children = json.loads(data)["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(children, dict) or not all(
+            isinstance(d, str) and len(d) == 64 and all(c in "0123456789abcdef" for c in d) for d in children.values()):
+        return None
+    return children
+
+
+class _FleetCache:
+    """The process's one Redis connection for serving: a failure warns once and pauses it, never raises."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.store: RedisStore | None = None
+        self.paused_until = 0.0
+        self.warned = False
+        self.lock = threading.Lock()
+
+    def call(self, fn: Callable[[RedisStore], object]):
+        """``fn(store)``, or None when Redis is unusable now (then the local cache is all there is)."""
+        if time.monotonic() < self.paused_until:
+            return None
+        try:
+            if self.store is None:
+                self.store = RedisStore(self.url)
+            return fn(self.store)
+        except RemoteCacheError as e:
+            unreachable = isinstance(e, RemoteUnavailable)
+            with self.lock:
+                self.paused_until = time.monotonic() + (RETRY_AFTER_S if unreachable else float("inf"))
+                if not self.warned:
+                    self.warned = True
+                    log.warning("tritonwarm: shared Triton cache unusable, serving from the local cache only "
+                                "(compiles stay local): %s", e)
+            return None
+
+
+_fleet: dict[tuple[str, int], _FleetCache] = {}
+
+
+def fleet_cache() -> _FleetCache | None:
+    """The shared cache ``TRITONWARM_REDIS_URL`` names, one per process (and per fork), or None."""
+    url = os.environ.get(URL_ENV)
+    if not url:
+        return None
+    key = (url, os.getpid())
+    found = _fleet.get(key)
+    if found is None:
+        found = _fleet.setdefault(key, _FleetCache(url))
+    return found
+
+
+def _local_group(cache_dir: str, filename: str) -> dict[str, str] | None:
+    """A complete local group, or None: every child must exist (Triton 3.6 would hand over a partial one)."""
+    try:
+        with open(os.path.join(cache_dir, GROUP_PREFIX + filename)) as f:
+            children = json.load(f)["child_paths"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(children, dict) or not all(isinstance(p, str) and os.path.exists(p) for p in children.values()):
+        return None
+    return children
+
+
+class RedisCacheManager(FileCacheManager):
+    """Local disk first, then Redis (verified, written through to disk); what this process compiles is pushed."""
+
+    def __init__(self, key, override=False, dump=False):
+        super().__init__(key, override=override, dump=dump)
+        self._entry = key
+        self._remote = None if (override or dump) else fleet_cache()
+
+    def get_file(self, filename):
+        path = super().get_file(filename)
+        if path is not None or self._remote is None:
+            return path
+        found = self._remote.call(lambda store: store.read_files(self._entry, [filename]))
+        return super().put(found[filename], filename) if found else None
+
+    def get_group(self, filename):
+        local = _local_group(self.cache_dir, filename)
+        if local is not None or self._remote is None:
+            return local
+        files = self._remote.call(lambda store: store.read_entry(self._entry, GROUP_PREFIX + filename))
+        if files is None:
+            return None
+        paths = {name: super(RedisCacheManager, self).put(data, name) for name, data in sorted(files.items())}
+        super().put_group(filename, paths)
+        return paths
+
+    def put(self, data, filename, binary=True):
+        path = super().put(data, filename, binary=binary)
+        if self._remote is not None and not filename.startswith(GROUP_PREFIX):
+            payload = data if isinstance(data, bytes) else str(data).encode()
+            self._remote.call(lambda store: store.write_files(self._entry, {filename: payload}))
+        return path
+
+    def put_group(self, filename, group):
+        path = super().put_group(filename, group)
+        if self._remote is not None:
+            hashes = {name: _file_sha256(p) for name, p in group.items()}
+            self._remote.call(lambda store: store.write_group(self._entry, GROUP_PREFIX + filename, hashes))
+        return path
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return sha256(f.read())
+
+
+class RedisBackend(RemoteCacheBackend):
+    """The store behind Triton's own ``RemoteCacheManager``: verified reads; the local cache when Redis is down."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self._entry = key
+        self._remote = fleet_cache()
+        self._hashes: dict[str, str] = {}  # file name → sha256, from a group read or a put
+
+    def get(self, filenames: Iterable[str]) -> dict[str, bytes]:
+        names = list(filenames)  # Triton passes a group's child_paths: our dict of name → hash, or its list of names
+        found = None
+        if self._remote is not None:
+            found = self._remote.call(lambda store: store.read_files(self._entry, names, self._hashes))
+        if found is None:
+            found = self._local(names)
+        for name, data in found.items():
+            if name.startswith(GROUP_PREFIX):
+                self._hashes.update(_group_hashes(data) or {})
+        if len(names) > 1 and len(found) != len(names):
+            return {}  # a group's children: all or none (Triton 3.6 would load a partial group)
+        return found
+
+    def put(self, filename: str, data: bytes) -> None:
+        if filename.startswith(GROUP_PREFIX):
+            try:
+                names = list(json.loads(data)["child_paths"])
+            except (ValueError, KeyError, TypeError):
+                return
+            if not all(n in self._hashes for n in names):
+                return
+            data = _group_json({n: self._hashes[n] for n in names})
+        else:
+            self._hashes[filename] = sha256(data)
+        if self._remote is not None:
+            self._remote.call(lambda store: store.write_files(self._entry, {filename: data}))
+
+    def _local(self, names: list[str]) -> dict[str, bytes]:
+        """What this machine's cache holds for the entry: Redis is down or not configured."""
+        from triton import knobs
+
+        found = {}
+        for name in names:
+            try:
+                found[name] = Path(knobs.cache.dir, self._entry, name).read_bytes()
+            except OSError:
+                pass
+        return found
+
+
+@dataclass
+class RemoteReport:
+    """One target's plan against the shared cache."""
+
+    url: str
+    target: str
+    planned: int = 0
+    pushed: list[str] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)
+    missing: list[dict] = field(default_factory=list)
+    corrupt: list[dict] = field(default_factory=list)
+    not_local: list[str] = field(default_factory=list)  # push: planned entries the local cache lacks
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.corrupt or self.not_local)
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def _group_name(variant) -> str:
+    return f"{GROUP_PREFIX}{variant.entry_name[:150]}.json"
+
+
+def push(variants: Iterable, cache_dir: Path, store: RedisStore, target: str) -> RemoteReport:
+    """Push every planned entry of the local cache (its files and its group); entries already there are skipped."""
+    variants = list(variants)
+    report = RemoteReport(store.url, target, planned=len(variants))
+    for variant in variants:
+        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        if files is None:
+            report.not_local.append(variant.variant_id)
+            continue
+        data = {name: Path(path).read_bytes() for name, path in sorted(files.items())}
+        state, stored = store.entry_state(variant.cache_dir_name, _group_name(variant))
+        if state == "ok" and {n: sha256(b) for n, b in stored.items()} == {n: sha256(b) for n, b in data.items()}:
+            report.present.append(variant.variant_id)
+            continue
+        store.write_entry(variant.cache_dir_name, _group_name(variant), data)
+        report.pushed.append(variant.variant_id)
+    return report
+
+
+def check_remote(variants: Iterable, store: RedisStore, target: str) -> RemoteReport:
+    """Each planned entry in Redis: present and intact, missing, or corrupt (a hash that does not match)."""
+    variants = list(variants)
+    report = RemoteReport(store.url, target, planned=len(variants))
+    for variant in variants:
+        state, _ = store.entry_state(variant.cache_dir_name, _group_name(variant))
+        summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args}
+        if state == "ok":
+            report.present.append(variant.variant_id)
+        else:
+            getattr(report, state).append(summary)
+    return report
