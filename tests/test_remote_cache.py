@@ -1,0 +1,376 @@
+"""The cache shared by a fleet: a real ``redis-server`` on the loopback, Triton's own runtime reading
+through it, concurrent pushers, a server that goes away, damaged values and bad URLs."""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from tritonwarm.cli import main
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  dtype: [bfloat16, float16]
+  fused: [false, true]
+args:
+  x: {tensor: [8, 4096], dtype: $dtype}
+  weight: {tensor: [4096], dtype: $dtype}
+  eps: 1.0e-6
+  residual: {tensor: [8, 4096], dtype: $dtype, when: $fused}
+"""
+MANAGER = "tritonwarm.jit.cache.remote:RedisCacheManager"
+
+
+def _needed(what: str, found: bool, install: str):
+    """Absent outside CI: skip, saying how to get it; absent in CI (which installs it): fail."""
+    if found:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is not installed, and CI installs it ({install})")
+    pytest.skip(f"{what} is not installed ({install})")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throw-away ``redis-server`` on 127.0.0.1: no persistence, its files in a temporary folder."""
+
+    def __init__(self, binary: str, folder):
+        self.binary, self.folder, self.proc, self.port = binary, folder, None, None
+
+    def start(self) -> "RedisServer":
+        import redis
+
+        for _attempt in range(3):  # another process may take the free port first
+            self.port = _free_port()
+            self.proc = subprocess.Popen(
+                [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", str(self.folder), "--loglevel", "warning"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+            for _ in range(100):
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    client.ping()
+                    return self
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            self.stop()
+        raise RuntimeError("redis-server did not start on the loopback")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def client(self, db: int = 0):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, db=db)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    try:
+        import redis  # noqa: F401
+        have_client = True
+    except ImportError:
+        have_client = False
+    _needed("the redis package", have_client, "pip install 'tritonwarm[redis]'")
+    binary = shutil.which("redis-server")
+    _needed("redis-server", binary is not None, "apt-get install redis-server")
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(binary, folder).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    """Four rms_norm variants warmed for sm90 into a local cache: what a build machine pushes."""
+    folder = tmp_path_factory.mktemp("warmed")
+    spec = folder / "rms.yaml"
+    spec.write_text(SPEC)
+    cache = folder / "cache"
+    the_plan = plan(load_specs([spec]), TARGETS["sm90"])
+    assert warm(the_plan, cache).failed == 0
+    return spec, cache, the_plan
+
+
+def _store(server):
+    from tritonwarm.jit.cache.remote import RedisStore
+
+    return RedisStore(server.url)
+
+
+def _push(server, warmed):
+    from tritonwarm.jit.cache.remote import push
+
+    _, cache, the_plan = warmed
+    report = push(the_plan.variants.values(), cache, _store(server), "sm90")
+    assert report.ok and len(report.pushed) == 4
+
+
+def _uses_redis(monkeypatch, url, manager=MANAGER, backend=None):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", manager)
+    monkeypatch.setenv("TRITONWARM_REDIS_URL", url)
+    if backend:
+        monkeypatch.setenv("TRITON_REMOTE_CACHE_BACKEND", backend)
+
+
+def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
+    from tritonwarm.jit.cache.remote import sha256
+
+    store = _store(redis_server)
+    files = {"k.cubin": b"\x7fELF binary", "k.json": b'{"name": "k"}'}
+    store.write_entry("ENTRY", "__grp__k.json", files)
+    assert store.read_entry("ENTRY", "__grp__k.json") == files
+    assert store.read_files("ENTRY", ["k.json", "absent"]) == {"k.json": files["k.json"]}
+    assert store.entry_state("OTHER", "__grp__k.json") == ("missing", {})
+
+    redis_server.client().set(f"tritonwarm:blob:{sha256(files['k.cubin'])}", b"\x7fELF bitrot")
+    assert store.entry_state("ENTRY", "__grp__k.json") == ("corrupt", {})
+    assert store.read_entry("ENTRY", "__grp__k.json") is None
+    assert store.read_files("ENTRY", ["k.cubin", "k.json"]) == {"k.json": files["k.json"]}
+
+    redis_server.client().delete(f"tritonwarm:blob:{sha256(files['k.json'])}")
+    assert store.entry_state("ENTRY", "__grp__k.json")[0] in ("missing", "corrupt")
+    store.write_entry("ENTRY", "__grp__k.json", files)  # pushing again repairs it
+    assert store.read_entry("ENTRY", "__grp__k.json") == files
+
+
+@pytest.mark.parametrize("url, says", [
+    ("http://127.0.0.1:6379", "expected redis://HOST:PORT[/DB]"),
+    ("redis://127.0.0.1:port", "bad Redis URL"),
+    ("redis://127.0.0.1:6379/zero", "the database after '/' must be a number"),
+    ("redis://", "expected redis://HOST:PORT[/DB]"),
+])
+def test_bad_url_is_one_line_and_exit_2(tmp_path, capsys, url, says):
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    assert main(["check", str(spec), "--target", "sm90", "--remote", url]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(tmp_path / "c"), "--push", url]) == 2
+    assert not (tmp_path / "c").exists()  # refused before compiling anything
+
+
+def test_unreachable_server_is_one_line_and_exit_2(tmp_path, capsys):
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    started = time.monotonic()
+    assert main(["check", str(spec), "--target", "sm90", "--remote", f"redis://127.0.0.1:{_free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach Redis at redis://127.0.0.1:" in err and err.count("\n") == 1
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.slow
+def test_warmup_pushes_and_check_remote_finds_every_variant(warmed, redis_server, capsys):
+    spec, cache, the_plan = warmed
+    url = redis_server.url + "/2"
+    assert main(["check", str(spec), "--target", "sm90", "--remote", url]) == 1
+    assert "4 missing" in capsys.readouterr().out
+
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--jobs", "1",
+                 "--push", url]) == 0
+    assert "4 pushed, 0 already there" in capsys.readouterr().out
+    assert main(["check", str(spec), "--target", "sm90", "--remote", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["targets"][0]
+    assert sorted(report["present"]) == sorted(v.variant_id for v in the_plan.variants.values())
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--jobs", "1",
+                 "--push", url]) == 0
+    assert "0 pushed, 4 already there" in capsys.readouterr().out
+
+    from tritonwarm.jit.cache.remote import sha256
+
+    client = redis_server.client(db=2)
+    [cubin_key] = [k for k in client.keys("tritonwarm:file:*.cubin")][:1]
+    client.set(b"tritonwarm:blob:" + client.get(cubin_key), b"not the cubin")
+    assert main(["check", str(spec), "--target", "sm90", "--remote", url]) == 1
+    out = capsys.readouterr().out
+    assert "1 corrupt" in out and "3 present" in out
+    assert sha256(b"not the cubin") not in out
+
+
+@pytest.mark.parametrize("manager, backend", [
+    (MANAGER, None),
+    ("triton.runtime.cache:RemoteCacheManager", "tritonwarm.jit.cache.remote:RedisBackend"),
+], ids=["RedisCacheManager", "triton-RemoteCacheManager"])
+def test_runtime_reads_through_redis_and_compiles_nothing(warmed, redis_server, tmp_path, monkeypatch, manager,
+                                                          backend, compile_counter, rms_norm_runtime):
+    _push(redis_server, warmed)
+    _uses_redis(monkeypatch, redis_server.url, manager, backend)
+    empty = tmp_path / "serving"
+    for fused in (False, True):
+        rms_norm_runtime(TARGETS["sm90"], empty, 8, fused)
+    assert compile_counter.count == 0
+    assert len(list(empty.glob("*/*.cubin"))) == 2  # written through to the local cache
+
+
+def test_later_lookups_are_local(warmed, redis_server, tmp_path, monkeypatch, compile_counter, rms_norm_runtime):
+    _push(redis_server, warmed)
+    _uses_redis(monkeypatch, redis_server.url)
+    serving = tmp_path / "serving"
+    rms_norm_runtime(TARGETS["sm90"], serving, 8, False)
+    redis_server.client().flushall()  # the fleet's cache forgets everything: this machine still has it
+    rms_norm_runtime(TARGETS["sm90"], serving, 8, False)
+    assert compile_counter.count == 0
+    monkeypatch.delenv("TRITON_CACHE_MANAGER")  # Triton's plain FileCacheManager reads what was written through
+    rms_norm_runtime(TARGETS["sm90"], serving, 8, False)
+    assert compile_counter.count == 0
+
+
+def test_corrupt_value_is_a_miss_and_a_recompile(warmed, redis_server, tmp_path, monkeypatch, compile_counter,
+                                                 rms_norm_runtime):
+    _push(redis_server, warmed)
+    client = redis_server.client()
+    for key in client.keys("tritonwarm:file:*.cubin"):
+        client.set(b"tritonwarm:blob:" + client.get(key), b"\x7fELF truncated")
+    _uses_redis(monkeypatch, redis_server.url)
+    serving = tmp_path / "serving"
+    rms_norm_runtime(TARGETS["sm90"], serving, 8, False)
+    assert compile_counter.count == 1
+    assert all(p.read_bytes() != b"\x7fELF truncated" for p in serving.glob("*/*.cubin"))
+    from tritonwarm.jit.cache.remote import check_remote
+
+    report = check_remote(warmed[2].variants.values(), _store(redis_server), "sm90")
+    assert len(report.present) == 1 and len(report.corrupt) == 3  # the recompile pushed a sound entry
+
+
+def test_bad_url_while_serving_warns_once_and_compiles_locally(tmp_path, monkeypatch, caplog, compile_counter,
+                                                               rms_norm_runtime):
+    _uses_redis(monkeypatch, "http://not-redis")
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, False)
+        rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, False)
+    assert compile_counter.count == 1
+    warnings = [r for r in caplog.records if "shared Triton cache unusable" in r.getMessage()]
+    assert len(warnings) == 1 and "bad Redis URL" in warnings[0].getMessage()
+
+
+SERVE = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from triton.compiler import compiler
+    compiles = [0]
+    make_ir = compiler.ASTSource.make_ir
+    def counting(src, *args, **kwargs):
+        compiles[0] += 1
+        return make_ir(src, *args, **kwargs)
+    compiler.ASTSource.make_ir = counting
+    import torch
+    from tritonwarm.jit import TARGETS, fake_tensor
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    def launch(dtype, fused):
+        fake = lambda *shape: fake_tensor(shape, getattr(torch, dtype))
+        call = rms_norm_launch(fake(8, 4096), fake(4096), fake(8, 4096), 1e-6, fake(8, 4096) if fused else None)
+        with target_driver(TARGETS["sm90"]) as driver:
+            try:
+                rms_norm_jit.fake_run(call)  # Triton's own JITFunction.run
+            finally:
+                rms_norm_jit.jit_function.device_caches.pop(driver.device, None)
+
+    counts = []
+    for step in sys.argv[1:]:
+        if step.startswith("kill:"):
+            os.kill(int(step[5:]), signal.SIGKILL)
+            continue
+        before = compiles[0]
+        dtype, fused = step.split(",")
+        launch(dtype, fused == "fused")
+        counts.append(compiles[0] - before)
+    print(json.dumps(counts))
+""")
+
+
+def _serve(tmp_path, url, *steps):
+    """A fresh serving process: only environment variables point its Triton at the shared cache."""
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "serving"), "TRITON_CACHE_MANAGER": MANAGER,
+           "TRITONWARM_REDIS_URL": url}
+    proc = subprocess.run([sys.executable, str(script), *steps], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.slow
+def test_fresh_process_with_empty_cache_reads_every_entry_from_redis(warmed, redis_server, tmp_path):
+    _push(redis_server, warmed)
+    steps = [f"{d},{f}" for d in ("bfloat16", "float16") for f in ("plain", "fused")]
+    counts, stderr = _serve(tmp_path, redis_server.url, *steps)
+    assert counts == [0, 0, 0, 0], stderr
+    assert len(list((tmp_path / "serving").glob("*/*.cubin"))) == 4
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_falls_back_with_one_warning(warmed, redis_server, tmp_path):
+    _push(redis_server, warmed)
+    counts, stderr = _serve(tmp_path, redis_server.url, "bfloat16,plain", f"kill:{redis_server.proc.pid}",
+                            "bfloat16,plain", "bfloat16,fused", "float16,plain", "float16,fused")
+    # Fetched before the kill: served locally after it. The rest compile locally, with one warning in all.
+    assert counts == [0, 0, 1, 1, 1], stderr
+    assert stderr.count("shared Triton cache unusable") == 1, stderr
+    assert "Traceback" not in stderr
+
+
+PUSHER = textwrap.dedent("""
+    import os, sys, time
+    from tritonwarm.jit.cache.remote import RedisStore
+    url, me, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    store = RedisStore(url, timeout=10)
+    for _ in range(600):  # start together
+        if os.path.exists(go):
+            break
+        time.sleep(0.01)
+    for i in range(40):
+        store.write_entry(f"OWN{me}x{i}", "__grp__k.json", {"k.cubin": f"cubin {me} {i}".encode() * 50,
+                                                             "k.json": f"meta {me} {i}".encode()})
+        store.write_entry("SHARED", "__grp__k.json", {"k.cubin": f"cubin from {me}".encode() * 50,
+                                                      "k.json": f"meta from {me}".encode()})
+""")
+
+
+@pytest.mark.slow
+def test_eight_concurrent_pushers_lose_nothing(redis_server, tmp_path):
+    script = tmp_path / "pusher.py"
+    script.write_text(PUSHER)
+    go = tmp_path / "go"
+    pushers = [subprocess.Popen([sys.executable, str(script), redis_server.url, str(me), str(go)],
+                                stderr=subprocess.PIPE, text=True) for me in range(8)]
+    time.sleep(1.0)
+    go.touch()
+    for p in pushers:
+        assert p.wait(timeout=300) == 0, p.stderr.read()
+    store = _store(redis_server)
+    for me in range(8):
+        for i in range(40):
+            assert store.read_entry(f"OWN{me}x{i}", "__grp__k.json") == {
+                "k.cubin": f"cubin {me} {i}".encode() * 50, "k.json": f"meta {me} {i}".encode()}
+    shared = store.read_entry("SHARED", "__grp__k.json")
+    winner = shared["k.json"].decode().rsplit(" ", 1)[-1]  # one pusher's complete entry, never a mix
+    assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": f"meta from {winner}".encode()}
