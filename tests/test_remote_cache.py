@@ -91,13 +91,17 @@ class RedisServer:
 
 
 @pytest.fixture
-def redis_server(tmp_path):
+def redis_py():
     try:
         import redis  # noqa: F401
         have_client = True
     except ImportError:
         have_client = False
     _needed("the redis package", have_client, "pip install 'tritonwarm[redis]'")
+
+
+@pytest.fixture
+def redis_server(redis_py, tmp_path):
     binary = shutil.which("redis-server")
     _needed("redis-server", binary is not None, "apt-get install redis-server")
     folder = tmp_path / "redis"
@@ -177,7 +181,7 @@ def test_bad_url_is_one_line_and_exit_2(tmp_path, capsys, url, says):
     assert not (tmp_path / "c").exists()  # refused before compiling anything
 
 
-def test_unreachable_server_is_one_line_and_exit_2(tmp_path, capsys):
+def test_unreachable_server_is_one_line_and_exit_2(redis_py, tmp_path, capsys):
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC)
     started = time.monotonic()
@@ -374,3 +378,19 @@ def test_eight_concurrent_pushers_lose_nothing(redis_server, tmp_path):
     shared = store.read_entry("SHARED", "__grp__k.json")
     winner = shared["k.json"].decode().rsplit(" ", 1)[-1]  # one pusher's complete entry, never a mix
     assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": f"meta from {winner}".encode()}
+
+
+def test_triton_manager_with_redis_away_serves_the_local_cache(redis_py, tmp_path, monkeypatch, caplog, compile_counter,
+                                                               rms_norm_runtime):
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC.replace("[bfloat16, float16]", "[bfloat16]").replace("[false, true]", "[false]"))
+    local = tmp_path / "local"
+    assert warm(plan(load_specs([spec]), TARGETS["sm90"]), local).compiled == 1
+    before = compile_counter.count
+    _uses_redis(monkeypatch, f"redis://127.0.0.1:{_free_port()}", "triton.runtime.cache:RemoteCacheManager",
+                "tritonwarm.jit.cache.remote:RedisBackend")
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        rms_norm_runtime(TARGETS["sm90"], local, 8, False)
+        rms_norm_runtime(TARGETS["sm90"], local, 8, False)
+    assert compile_counter.count == before
+    assert sum("shared Triton cache unusable" in r.getMessage() for r in caplog.records) == 1
