@@ -159,6 +159,8 @@ def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
     assert store.read_entry("ENTRY", "__grp__k.json") is None
     assert store.read_files("ENTRY", ["k.cubin", "k.json"]) == {"k.json": files["k.json"]}
 
+    redis_server.client().set("tritonwarm:file:ENTRY:k.json", b"\xff not a digest")
+    assert store.read_files("ENTRY", ["k.json"]) == {}
     redis_server.client().delete(f"tritonwarm:blob:{sha256(files['k.json'])}")
     assert store.entry_state("ENTRY", "__grp__k.json")[0] in ("missing", "corrupt")
     store.write_entry("ENTRY", "__grp__k.json", files)  # pushing again repairs it

@@ -150,8 +150,7 @@ class RedisStore:
         if ask:
             found = self._do(lambda: self._client.mget([self._file_key(entry, n) for n in ask]))
             digests.update(zip(ask, found, strict=True))
-        wanted = [(n, digests[n].decode() if isinstance(digests[n], bytes) else digests[n])
-                  for n in names if digests.get(n)]
+        wanted = [(n, _text(digests[n])) for n in names if digests.get(n)]
         if not wanted:
             return {}
         blobs = self._do(lambda: self._client.mget([self._blob_key(d) for _, d in wanted]))
@@ -162,10 +161,11 @@ class RedisStore:
         digest = self._do(lambda: self._client.get(self._file_key(entry, group_name)))
         if digest is None:
             return "missing", {}
-        group = self._do(lambda: self._client.get(self._blob_key(digest.decode())))
+        digest = _text(digest)
+        group = self._do(lambda: self._client.get(self._blob_key(digest)))
         if group is None:
             return "missing", {}
-        children = _group_hashes(group) if sha256(group) == digest.decode() else None
+        children = _group_hashes(group) if sha256(group) == digest else None
         if children is None:
             return "corrupt", {}
         names = sorted(children)
@@ -198,6 +198,11 @@ class RedisStore:
         """A whole entry in one transaction: children, then the group naming them by hash."""
         hashes = {name: sha256(data) for name, data in files.items()}
         self.write_files(entry, {**files, group_name: _group_json(hashes)})
+
+
+def _text(value: bytes | str) -> str:
+    """A stored hash as text; bytes that are not ASCII simply never match a digest."""
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else value
 
 
 def _group_json(hashes: dict[str, str]) -> bytes:
@@ -234,10 +239,10 @@ class _FleetCache:
             if self.store is None:
                 self.store = RedisStore(self.url)
             return fn(self.store)
-        except RemoteCacheError as e:
-            unreachable = isinstance(e, RemoteUnavailable)
+        except Exception as e:  # serving never fails for the shared cache: it only loses its help
+            misconfigured = isinstance(e, RemoteCacheError) and not isinstance(e, RemoteUnavailable)
             with self.lock:
-                self.paused_until = time.monotonic() + (RETRY_AFTER_S if unreachable else float("inf"))
+                self.paused_until = time.monotonic() + (float("inf") if misconfigured else RETRY_AFTER_S)
                 if not self.warned:
                     self.warned = True
                     log.warning("tritonwarm: shared Triton cache unusable, serving from the local cache only "
