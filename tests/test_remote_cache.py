@@ -53,11 +53,11 @@ class RedisServer:
     def __init__(self, binary: str, folder):
         self.binary, self.folder, self.proc, self.port = binary, folder, None, None
 
-    def start(self) -> "RedisServer":
+    def start(self, port: int | None = None) -> "RedisServer":
         import redis
 
         for _attempt in range(3):  # another process may take the free port first
-            self.port = _free_port()
+            self.port = port or _free_port()
             self.proc = subprocess.Popen(
                 [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", str(self.folder), "--loglevel", "warning"],
@@ -165,6 +165,22 @@ def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
     assert store.entry_state("ENTRY", "__grp__k.json")[0] in ("missing", "corrupt")
     store.write_entry("ENTRY", "__grp__k.json", files)  # pushing again repairs it
     assert store.read_entry("ENTRY", "__grp__k.json") == files
+
+
+def test_serving_uses_redis_again_once_it_is_back(redis_server, monkeypatch, caplog):
+    from tritonwarm.jit.cache import remote
+
+    monkeypatch.setattr(remote, "RETRY_AFTER_S", 0.0)
+    monkeypatch.setenv("TRITONWARM_REDIS_URL", redis_server.url)
+    shared = remote.fleet_cache()
+    assert shared.call(lambda store: store.ping() or "up") == "up"
+    redis_server.stop()
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        assert shared.call(lambda store: store.ping() or "up") is None
+        assert shared.call(lambda store: store.ping() or "up") is None
+    assert sum("shared Triton cache unusable" in r.getMessage() for r in caplog.records) == 1
+    redis_server.start(redis_server.port)
+    assert shared.call(lambda store: store.ping() or "up") == "up"
 
 
 @pytest.mark.parametrize("url, says", [
