@@ -152,12 +152,14 @@ def _check_remote(args) -> int:
     specs, targets, _ = prepare(args)
     store = _remote_store(args.remote)
     reports = [check_remote(plan_with_engine(args, specs, t).variants.values(), store, t.name) for t in targets]
+    ok = all(r.ok for r in reports)
     if args.json:
-        print(json.dumps({"ok": all(r.ok for r in reports), "targets": [r.to_json() for r in reports]}, indent=1))
-    for r in [] if args.json else reports:
+        print(json.dumps({"ok": ok, "targets": [r.to_json() for r in reports]}, indent=1))
+        return 0 if ok else 1
+    for r in reports:
         print(f"{r.target}: {'ok' if r.ok else 'PROBLEMS'}: {r.url}: {r.planned} planned, {len(r.present)} present, "
               f"{len(r.missing)} missing, {len(r.corrupt)} corrupt")
         for state in ("missing", "corrupt"):
             for m in getattr(r, state):
                 print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
-    return 0 if all(r.ok for r in reports) else 1
+    return 0 if ok else 1
