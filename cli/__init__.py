@@ -48,12 +48,13 @@ def _one_line(e: Exception) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     from ..engine.cli import add_engine_parser
-    from . import cache, warm
+    from . import bundle, cache, warm
 
     p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     sub = p.add_subparsers(metavar="COMMAND")
     warm.add_parsers(sub)
     cache.add_parsers(sub)
+    bundle.add_parsers(sub)
     add_engine_parser(sub)
     return p
 

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .bundle import add_shard_args, sharded
 from .common import (
     UsageError,
     add_spec_args,
@@ -31,6 +32,7 @@ def add_parsers(sub) -> None:
                    help="skip the extra traces that prove each collapsed axis sound")
     w.add_argument("--push", metavar="URL",
                    help="then push every planned entry to a shared Redis cache: redis://HOST:PORT[/DB]")
+    add_shard_args(w)
     w.set_defaults(func=cmd_warmup)
 
     c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
@@ -53,8 +55,8 @@ def cmd_warmup(args) -> int:
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     results, problems, pushes = [], [], []
     for target in targets:
-        the_plan = plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
-                         cache_dir=None if args.replan else cache_dir)
+        the_plan = sharded(args, plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
+                                                  cache_dir=None if args.replan else cache_dir))
         problems += the_plan.errors + the_plan.collapse_errors
         with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
             result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)

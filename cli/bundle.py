@@ -1,0 +1,126 @@
+"""``tritonwarm bundle create|verify|install|merge``: a warmed cache as one archive that installs anywhere."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .common import add_cache_args, add_spec_args, plan_with_engine, prepare
+
+
+def add_shard_args(p) -> None:
+    p.add_argument("--shard", metavar="I/N",
+                   help="only shard I of N of the plan (a fixed split, balanced by compile time; the N shards "
+                        "together are the whole plan); e.g. 2/4, or $((JOB_COMPLETION_INDEX+1))/N")
+    p.add_argument("--shard-times", metavar="BUNDLE_OR_MANIFEST",
+                   help="balance shards by the compile times recorded in this bundle or manifest-<target>.json "
+                        "(every shard must be given the same file)")
+
+
+def sharded(args, the_plan):
+    """``the_plan``, or the part of it ``--shard I/N`` names."""
+    if not getattr(args, "shard", None):
+        if getattr(args, "shard_times", None):
+            raise ValueError("--shard-times needs --shard")
+        return the_plan
+    from ..jit.shard import parse_shard, recorded_seconds, shard_plan
+
+    index, count = parse_shard(args.shard)
+    seconds = recorded_seconds(args.shard_times) if args.shard_times else None
+    return shard_plan(the_plan, index, count, seconds)
+
+
+def add_parsers(sub) -> None:
+    b = sub.add_parser("bundle", help="pack a warmed cache into one archive; verify, install or merge archives")
+    bsub = b.add_subparsers(metavar="ACTION")
+
+    c = bsub.add_parser("create", help="write the entries the plan needs, their manifest rows and the "
+                                        "environment fingerprint into one .tar.gz")
+    c.add_argument("out", metavar="OUT", help="the archive to write (e.g. warm-sm90.tar.gz); the specs follow it")
+    add_spec_args(c)
+    c.add_argument("--binary-only", action="store_true",
+                   help="carry only what the runtime loads (cubin/hsaco + metadata), not the IR")
+    add_shard_args(c)
+    c.set_defaults(func=cmd_create)
+
+    v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime")
+    v.add_argument("bundle", metavar="BUNDLE")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.set_defaults(func=cmd_verify)
+
+    i = bsub.add_parser("install", help="install into a cache folder (any path): groups rewritten for it, "
+                                         "manifest merged; safe to repeat or to kill")
+    i.add_argument("bundle", metavar="BUNDLE")
+    add_cache_args(i)
+    i.set_defaults(func=cmd_install)
+
+    m = bsub.add_parser("merge", help="join bundles of shards (same environment and options) into one")
+    m.add_argument("out", metavar="OUT")
+    m.add_argument("bundles", nargs="+", metavar="BUNDLE")
+    m.add_argument("--json", action="store_true", help="machine-readable output")
+    m.set_defaults(func=cmd_merge)
+
+    b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
+
+
+def _print(report, args, what: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(report.to_json(), indent=1))
+        return
+    targets = ", ".join(f"{t}: {n}" for t, n in report.targets.items()) or "none"
+    kind = "binary-only" if report.binary_only else "full"
+    print(f"{what}: {report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
+          f"{report.archive_bytes / 1e6:.2f} MB")
+
+
+def cmd_create(args) -> int:
+    from ..jit.cache.bundle import create
+
+    specs, targets, cache_dir = prepare(args)
+    variants, problems = {}, []
+    for target in targets:
+        the_plan = sharded(args, plan_with_engine(args, specs, target, cache_dir=cache_dir))
+        problems += the_plan.errors
+        variants[target.name] = list(the_plan.variants.values())
+    if problems:
+        raise ValueError(f"the plan has errors (fix them, then warm and bundle again): {problems[0]}")
+    report = create(args.out, cache_dir, variants, binary_only=args.binary_only)
+    _print(report, args, "bundle")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from ..jit.cache.bundle import verify
+
+    report = verify(args.bundle)
+    _print(report, args, "verified")
+    if not args.json:
+        for line in report.differences:
+            print(f"  differs: {line}")
+        print("  environment: " + ("matches this runtime" if not report.differences else
+                                   f"{len(report.differences)} difference(s): this runtime would miss its entries"))
+    return 1 if report.differences else 0
+
+
+def cmd_install(args) -> int:
+    from ..jit.cache import resolve_cache_dir
+    from ..jit.cache.bundle import install
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    report = install(args.bundle, cache_dir)
+    for line in report.differences:
+        print(f"tritonwarm: warning: {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({**report.to_json(), "cache_dir": str(cache_dir)}, indent=1))
+    else:
+        print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
+              f"into {cache_dir}")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from ..jit.cache.bundle import merge
+
+    report = merge(args.out, args.bundles)
+    _print(report, args, "merged")
+    return 0

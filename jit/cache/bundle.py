@@ -1,0 +1,553 @@
+"""Bundles: a warmed cache as one archive that installs into any folder.
+
+A bundle is a gzip-compressed tar: first ``tritonwarm-bundle.json`` (the environment fingerprint and
+the manifest rows, with each file's sha256), then ``<entry dir>/<file>`` for every file of every
+entry, all relative to the cache root. Triton's ``__grp__*.json`` holds absolute child paths and its
+``get_group`` drops children that do not exist, so a copied cache misses everything; a bundle stores
+each group with paths relative to the cache root and ``install`` writes them for the destination.
+
+Reading is one bounded stream: the compressed bytes, the decompressed bytes, each member and the
+number of members are all capped while reading, so a decompression bomb stops at the cap. Every
+member must be a regular file at a name the header announces, with the hash it announces; anything
+else refuses the whole archive before a single entry is moved into the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import env
+from .layout import CacheError, entry_files, file_sha256, variant_lock
+from .manifest import Manifest, files_match_record
+
+HEADER_NAME = "tritonwarm-bundle.json"
+BUNDLE_FORMAT = 1
+_ENTRY_DIR = re.compile(r"[A-Z2-7]{52}")  # base32 of a sha256, unpadded: Triton's entry folder
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+_TARGET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_BINARY_EXTS = ("cubin", "hsaco")  # with the metadata .json: all Triton's store_binary_only keeps
+
+
+class BundleError(CacheError):
+    """A bundle that cannot be trusted or used: one line naming the archive member or field."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what reading a bundle may cost; a bundle over any of them is refused."""
+
+    archive_bytes: int = 8 << 30  # the compressed file
+    total_bytes: int = 16 << 30  # decompressed bytes read while streaming (tar headers included)
+    member_bytes: int = 1 << 30  # one file
+    header_bytes: int = 256 << 20  # the JSON header
+    members: int = 1_000_000
+
+
+@dataclass
+class BundleReport:
+    path: str
+    entries: int = 0
+    files: int = 0
+    bytes: int = 0  # decompressed file bytes
+    archive_bytes: int = 0
+    binary_only: bool = False
+    targets: dict[str, int] = field(default_factory=dict)
+    differences: list[str] = field(default_factory=list)  # fingerprint vs this runtime
+    installed: int = 0
+    already: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ---------------------------------------------------------------------------------------------- create
+
+
+def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_only: bool = False) -> dict:
+    """The header of a bundle holding these variants from ``cache_dir``; each must be warmed and intact.
+
+    Each row is the manifest's row, with ``files`` narrowed to what the bundle carries.
+    """
+    cache_dir = Path(cache_dir)
+    targets: dict[str, dict] = {}
+    for target, variants in variants_by_target.items():
+        recorded = Manifest(cache_dir, target).read()
+        rows = {}
+        for variant in sorted(variants, key=lambda v: v.cache_hash):
+            what = f"{target} {variant.variant_id} ({variant.kernel.rsplit('.', 1)[-1]})"
+            row = recorded.get(variant.cache_hash)
+            files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+            if files is None or row is None:
+                raise BundleError(f"{what}: not warmed in {cache_dir}; run tritonwarm warmup with the same "
+                                  "specs, targets and options first")
+            if not files_match_record(files, row) or not _inside(files, cache_dir / variant.cache_dir_name):
+                raise BundleError(f"{what}: the cache entry is damaged or not this folder's own; warm again")
+            keep = _kept_files(row, binary_only)
+            rows[variant.cache_hash] = {**row, "files": {name: row["files"][name] for name in keep}}
+        targets[target] = rows
+    return {"format": BUNDLE_FORMAT, "binary_only": binary_only, "fingerprint": env.fingerprint(),
+            "targets": targets}
+
+
+def _kept_files(row: dict, binary_only: bool) -> list[str]:
+    names = sorted(row["files"])
+    if not binary_only:
+        return names
+    metadata = f"{row['entry_name'][:150]}.json"
+    return [n for n in names if n == metadata or n.rsplit(".", 1)[-1] in _BINARY_EXTS]
+
+
+def _inside(files: dict[str, str], folder: Path) -> bool:
+    return all(Path(path) == folder / name for name, path in files.items())
+
+
+def create(out: Path, cache_dir: Path, variants_by_target: dict[str, Iterable], *,
+           binary_only: bool = False) -> BundleReport:
+    """Write a bundle of these variants from ``cache_dir`` to ``out`` (atomically)."""
+    header = collect(cache_dir, variants_by_target, binary_only=binary_only)
+    write(out, header, lambda entry_dir, name: Path(cache_dir) / entry_dir / name)
+    return summary(out, header)
+
+
+def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
+    """Write ``header`` and every file it names (read from ``source(entry_dir, name)``), byte-reproducibly.
+
+    The same header and files give the same bytes (no times, owners or file names recorded), so a
+    bundle's sha256 names its content.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
+                tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            _add_bytes(tar, HEADER_NAME, json.dumps(header, sort_keys=True, indent=1).encode())
+            for entry_dir, entry_name, names in _entries(header):
+                for name in names:
+                    path = source(entry_dir, name)
+                    with open(path, "rb") as f:
+                        info = _tarinfo(f"{entry_dir}/{name}", os.fstat(f.fileno()).st_size)
+                        tar.addfile(info, f)
+                group = {"child_paths": {name: f"{entry_dir}/{name}" for name in names}}
+                _add_bytes(tar, f"{entry_dir}/{_group_name(entry_name)}", json.dumps(group, sort_keys=True).encode())
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    return info
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    tar.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+
+
+def _group_name(entry_name: str) -> str:
+    return f"__grp__{entry_name[:150]}.json"  # Triton: "__grp__" + the metadata file's name
+
+
+def _entries(header: dict):
+    """``(entry_dir, entry_name, file names)`` of every entry, sorted, each once."""
+    seen = {}
+    for rows in header["targets"].values():
+        for row in rows.values():
+            seen[row["entry_dir"]] = (row["entry_name"], sorted(row["files"]))
+    for entry_dir in sorted(seen):
+        yield entry_dir, *seen[entry_dir]
+
+
+def summary(path: Path, header: dict) -> BundleReport:
+    entries = list(_entries(header))
+    return BundleReport(str(path), entries=len(entries), files=sum(len(n) for _, _, n in entries),
+                        archive_bytes=os.path.getsize(path), binary_only=bool(header["binary_only"]),
+                        targets={t: len(rows) for t, rows in sorted(header["targets"].items())})
+
+
+# ------------------------------------------------------------------------------------------------ read
+
+
+class _Capped(io.RawIOBase):
+    """A reader that refuses to go past ``limit`` bytes: what bounds a decompression bomb."""
+
+    def __init__(self, inner, limit: int, what: str):
+        self.inner, self.limit, self.what, self.count = inner, limit, what, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0 or size > self.limit - self.count + 1:
+            size = self.limit - self.count + 1
+        data = self.inner.read(size)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise BundleError(f"{self.what} is over the limit of {self.limit} bytes")
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def read_header(path: Path, limits: Limits = Limits()) -> dict:
+    """Only the header (the first member): rows, fingerprint; no file is read."""
+    with _open_stream(path, limits) as tar:
+        return _read_header(tar, path, limits)
+
+
+@contextlib.contextmanager
+def _open_stream(path: Path, limits: Limits):
+    path = Path(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise BundleError(f"{path}: {e.strerror or e}") from None
+    if size > limits.archive_bytes:
+        raise BundleError(f"{path}: the archive ({size} bytes) is over the limit of {limits.archive_bytes} bytes")
+    with open(path, "rb") as raw:
+        compressed = _Capped(raw, limits.archive_bytes, f"{path}: the archive")
+        gz = gzip.GzipFile(fileobj=compressed, mode="rb")
+        plain = _Capped(gz, limits.total_bytes, f"{path}: the decompressed archive (a decompression bomb?)")
+        try:
+            with tarfile.open(fileobj=plain, mode="r|", ignore_zeros=False) as tar:
+                yield tar
+        except BundleError:
+            raise
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+            raise BundleError(f"{path}: not a readable tritonwarm bundle ({type(e).__name__}: {e})") from None
+
+
+def _read_header(tar: tarfile.TarFile, path: Path, limits: Limits) -> dict:
+    first = tar.next()
+    if first is None or first.name != HEADER_NAME:
+        raise BundleError(f"{path}: the first member is {first.name if first else 'missing'!r}, "
+                          f"not {HEADER_NAME}: not a tritonwarm bundle")
+    _check_member_kind(first, path)
+    if first.size > limits.header_bytes:
+        raise BundleError(f"{path}: {HEADER_NAME} ({first.size} bytes) is over the limit of {limits.header_bytes}")
+    try:
+        header = json.loads(tar.extractfile(first).read())
+    except ValueError as e:
+        raise BundleError(f"{path}: {HEADER_NAME}: not JSON ({e})") from None
+    _check_header(header, path)
+    return header
+
+
+def _check_member_kind(member: tarfile.TarInfo, path: Path) -> None:
+    if not member.isreg():
+        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk() else
+                "a device file" if member.ischr() or member.isblk() else "a fifo" if member.isfifo() else
+                "a directory" if member.isdir() else "not a regular file")
+        raise BundleError(f"{path}: member {member.name!r} is {kind}; a bundle holds regular files only")
+
+
+def _check_header(header, path: Path) -> None:
+    """Every name the header gives becomes a path: each must be a plain name of the expected shape."""
+    def bad(where: str, why: str):
+        raise BundleError(f"{path}: {HEADER_NAME}: {where}: {why}")
+
+    if not isinstance(header, dict) or header.get("format") != BUNDLE_FORMAT:
+        bad("format", f"not a tritonwarm bundle of format {BUNDLE_FORMAT}")
+    if not isinstance(header.get("fingerprint"), dict) or not isinstance(header.get("targets"), dict):
+        bad("fingerprint/targets", "missing")
+    dirs: dict[str, tuple] = {}
+    for target, rows in header["targets"].items():
+        if not isinstance(target, str) or not _TARGET.fullmatch(target):
+            bad(f"targets.{target!r}", "not a target name")
+        if not isinstance(rows, dict):
+            bad(f"targets.{target}", "not a table of rows")
+        for cache_hash, row in rows.items():
+            where = f"targets.{target}.{str(cache_hash)[:16]}"
+            if not _SHA256.fullmatch(str(cache_hash)) or not isinstance(row, dict):
+                bad(where, "not a cache hash and its row")
+            entry_dir, entry_name, files = row.get("entry_dir"), row.get("entry_name"), row.get("files")
+            if entry_dir != _entry_dir_of(cache_hash):
+                bad(f"{where}.entry_dir", f"{entry_dir!r} is not the folder of that cache hash")
+            if not isinstance(entry_name, str) or not _FILE_NAME.fullmatch(_group_name(entry_name)):
+                bad(f"{where}.entry_name", f"{entry_name!r} is not a kernel name")
+            if not isinstance(files, dict) or not files:
+                bad(f"{where}.files", "missing")
+            for name, digest in files.items():
+                if not _FILE_NAME.fullmatch(str(name)) or name.startswith("__grp__"):
+                    bad(f"{where}.files", f"{name!r} is not a cache file name")
+                if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                    bad(f"{where}.files.{name}", "not a sha256")
+            if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
+                bad(where, "the same entry appears twice with different files")
+
+
+def _entry_dir_of(cache_hash: str) -> str:
+    import base64
+
+    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
+
+
+def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable[bytes]], None]):
+    """Read the whole bundle once, checking everything; ``sink(entry_dir, name, chunks)`` gets each file.
+
+    Returns ``(header, decompressed file bytes)``. Group files are checked here and not passed on:
+    the destination's groups are written from the header.
+    """
+    with _open_stream(path, limits) as tar:
+        header = _read_header(tar, path, limits)
+        expected = {}
+        for entry_dir, entry_name, names in _entries(header):
+            digests = _row_files(header, entry_dir)
+            for name in names:
+                expected[f"{entry_dir}/{name}"] = digests[name]
+            expected[f"{entry_dir}/{_group_name(entry_name)}"] = None
+        seen: set[str] = set()
+        total, count = 0, 1
+        while (member := tar.next()) is not None:
+            count += 1
+            if count > limits.members:
+                raise BundleError(f"{path}: more than {limits.members} members")
+            name = member.name
+            if name.startswith("/"):
+                raise BundleError(f"{path}: member {name!r} is an absolute path; refused")
+            if ".." in name.replace("\\", "/").split("/"):
+                raise BundleError(f"{path}: member {name!r} climbs out with '..'; refused")
+            _check_member_kind(member, path)
+            if name not in expected:
+                raise BundleError(f"{path}: member {name!r} is outside the expected layout "
+                                  "(<entry folder>/<file> of an entry the header lists); refused")
+            if name in seen:
+                raise BundleError(f"{path}: member {name!r} appears twice")
+            seen.add(name)
+            if member.size > limits.member_bytes:
+                raise BundleError(f"{path}: member {name!r} ({member.size} bytes) is over the limit of "
+                                  f"{limits.member_bytes} bytes")
+            entry_dir, file_name = name.split("/")
+            reader = tar.extractfile(member)
+            if expected[name] is None:
+                _check_group(reader.read(), entry_dir, header, path, name)
+                continue
+            digest = hashlib.sha256()
+
+            def chunks(reader=reader, digest=digest):
+                for chunk in iter(lambda: reader.read(1 << 20), b""):
+                    digest.update(chunk)
+                    yield chunk
+
+            sink(entry_dir, file_name, chunks())
+            for _ in chunks():  # whatever the sink left unread still counts and is hashed
+                pass
+            if digest.hexdigest() != expected[name]:
+                raise BundleError(f"{path}: member {name!r}: sha256 {digest.hexdigest()[:16]}… differs from the "
+                                  f"recorded {expected[name][:16]}…; the bundle is damaged or was altered")
+            total += member.size
+        missing = sorted(set(expected) - seen)
+        if missing:
+            raise BundleError(f"{path}: member {missing[0]!r} is missing ({len(missing)} missing in all)")
+    return header, total
+
+
+def _row_files(header: dict, entry_dir: str) -> dict[str, str]:
+    for rows in header["targets"].values():
+        for row in rows.values():
+            if row["entry_dir"] == entry_dir:
+                return row["files"]
+    raise KeyError(entry_dir)
+
+
+def _check_group(data: bytes, entry_dir: str, header: dict, path: Path, name: str) -> None:
+    files = _row_files(header, entry_dir)
+    try:
+        children = json.loads(data)["child_paths"]
+    except (ValueError, KeyError, TypeError):
+        children = None
+    if children != {n: f"{entry_dir}/{n}" for n in files}:
+        raise BundleError(f"{path}: member {name!r} names other files than the entry holds; refused")
+
+
+def _differences(header: dict) -> list[str]:
+    warmed, here = header["fingerprint"], env.fingerprint()
+    if warmed.get("format") != here.get("format"):
+        return [f"fingerprint format {warmed.get('format')} (bundle) vs {here.get('format')} (this tritonwarm): "
+                "cannot compare; bundle with this tritonwarm"]
+    try:
+        return env.differences(warmed, here)
+    except (KeyError, TypeError, AttributeError):
+        raise BundleError(f"{HEADER_NAME}: fingerprint: malformed") from None
+
+
+def verify(path: Path, limits: Limits = Limits()) -> BundleReport:
+    """Read the whole bundle, checking every member and hash; name each way its fingerprint differs."""
+    def discard(entry_dir, name, chunks):
+        for _ in chunks:
+            pass
+
+    header, total = _stream_files(path, limits, discard)
+    report = summary(path, header)
+    report.bytes = total
+    report.differences = _differences(header)
+    return report
+
+
+# --------------------------------------------------------------------------------------------- install
+
+
+def install(path: Path, cache_dir: Path, limits: Limits = Limits()) -> BundleReport:
+    """Install a bundle into ``cache_dir``: every entry in place, groups pointing there, manifest merged.
+
+    Everything is extracted and checked in a staging folder inside the destination first (same file
+    system), so a refused bundle moves nothing. Each entry then goes into place with one rename under
+    its per-key lock (an entry already there and intact is left alone; a damaged one is renamed away
+    first), and the manifest is merged last. A kill at any moment leaves entries either absent or
+    whole, which Triton reads as a miss or a hit; installing again completes the job.
+    """
+    cache_dir = Path(cache_dir).absolute()
+    from .layout import ensure_writable
+
+    ensure_writable(cache_dir)
+    _remove_stale_staging(cache_dir)
+    staging = Path(tempfile.mkdtemp(dir=cache_dir / "tritonwarm", prefix=_staging_prefix()))
+    try:
+        def store(entry_dir, name, chunks):
+            folder = staging / entry_dir
+            folder.mkdir(exist_ok=True)
+            with open(folder / name, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+
+        header, total = _stream_files(path, limits, store)
+        report = summary(path, header)
+        report.bytes = total
+        report.differences = _differences(header)
+        aside = staging / "replaced"
+        aside.mkdir()
+        for entry_dir, entry_name, names in _entries(header):
+            final = cache_dir / entry_dir
+            cache_hash = _hash_of(header, entry_dir)
+            with variant_lock(cache_dir, cache_hash):
+                if _intact(final, entry_name, _row_files(header, entry_dir)):
+                    report.already += 1
+                    continue
+                group = {"child_paths": {name: str(final / name) for name in names}}
+                (staging / entry_dir / _group_name(entry_name)).write_text(json.dumps(group))
+                if final.exists() or final.is_symlink():
+                    os.rename(final, aside / entry_dir)
+                os.rename(staging / entry_dir, final)
+                report.installed += 1
+        for target, rows in header["targets"].items():
+            Manifest(cache_dir, target).update(rows)
+        return report
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _hash_of(header: dict, entry_dir: str) -> str:
+    for rows in header["targets"].values():
+        for cache_hash, row in rows.items():
+            if row["entry_dir"] == entry_dir:
+                return cache_hash
+    raise KeyError(entry_dir)
+
+
+def _intact(folder: Path, entry_name: str, digests: dict[str, str]) -> bool:
+    """The entry Triton would load from ``folder``: its group names this folder's own files, as recorded."""
+    files = entry_files(folder.parent, folder.name, entry_name)
+    return files is not None and _inside(files, folder) and files_match_record(files, {"files": digests})
+
+
+def _staging_prefix() -> str:
+    return f".install-{socket.gethostname()}-{os.getpid()}-"
+
+
+def _remove_stale_staging(cache_dir: Path) -> None:
+    """Staging folders of installs killed on this host (their process is gone)."""
+    host = f".install-{socket.gethostname()}-"
+    for folder in (cache_dir / "tritonwarm").glob(f"{host}*"):
+        try:
+            pid = int(folder.name[len(host):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
+# ----------------------------------------------------------------------------------------------- merge
+
+
+def merge(out: Path, paths: list[Path], limits: Limits = Limits()) -> BundleReport:
+    """Join bundles (shards of one warm-up) into one; they must share fingerprint and options."""
+    if not paths:
+        raise BundleError("merge: no bundles given")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.merge-") as tmp:
+        merged: dict | None = None
+        first = None
+        sources: dict[str, int] = {}  # entry dir -> the first bundle that holds it
+        for index, path in enumerate(paths):
+            folder = Path(tmp) / str(index)
+
+            def store(entry_dir, name, chunks, folder=folder):
+                (folder / entry_dir).mkdir(parents=True, exist_ok=True)
+                with open(folder / entry_dir / name, "wb") as f:
+                    for chunk in chunks:
+                        f.write(chunk)
+
+            header, _ = _stream_files(path, limits, store)
+            if merged is None:
+                merged, first = {**header, "targets": {}}, path
+            _check_compatible(merged, header, first, path)
+            for target, rows in header["targets"].items():
+                into = merged["targets"].setdefault(target, {})
+                for cache_hash, row in rows.items():
+                    into[cache_hash] = _merge_row(into.get(cache_hash), row, path, cache_hash)
+                    sources.setdefault(row["entry_dir"], index)
+        write(out, merged, lambda entry_dir, name: Path(tmp) / str(sources[entry_dir]) / entry_dir / name)
+    return summary(out, merged)
+
+
+def _check_compatible(merged: dict, header: dict, first: Path, path: Path) -> None:
+    if header["fingerprint"] != merged["fingerprint"]:
+        lines = env.differences(merged["fingerprint"], header["fingerprint"]) or [
+            f"{k} differs" for k in sorted(set(header["fingerprint"]) | set(merged["fingerprint"]))
+            if header["fingerprint"].get(k) != merged["fingerprint"].get(k)]
+        raise BundleError(f"{path}: warmed in another environment than {first}: {'; '.join(lines)}")
+    if header["binary_only"] != merged["binary_only"]:
+        raise BundleError(f"{path}: binary-only is {header['binary_only']}, {first} has {merged['binary_only']}; "
+                          "bundle every shard the same way")
+
+
+def _merge_row(old: dict | None, new: dict, path: Path, cache_hash: str) -> dict:
+    new = dict(new)
+    if old is None:
+        return new
+    if old["files"] != new["files"]:
+        raise BundleError(f"{path}: entry {cache_hash[:12]} has other file contents than an earlier bundle's")
+    merged = {**old, "rows": sorted(set(old.get("rows", [])) | set(new.get("rows", [])))}
+    if merged.get("compile_seconds") is None:
+        merged["compile_seconds"] = new.get("compile_seconds")
+    return merged
+
+
+__all__ = ["BUNDLE_FORMAT", "BundleError", "BundleReport", "HEADER_NAME", "Limits", "collect", "create", "install",
+           "merge", "read_header", "verify", "write", "file_sha256"]
