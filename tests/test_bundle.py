@@ -1,0 +1,210 @@
+"""Bundles: a warmed cache packed, deleted, installed at another path; Triton's own runtime then
+compiles nothing there (counted at the compiler). Installs are idempotent and survive SIGKILL."""
+
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import tarfile
+import time
+
+import pytest
+from tritonwarm.cli import main
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import Manifest
+from tritonwarm.jit.cache.bundle import HEADER_NAME, install, read_header, verify
+from tritonwarm.jit.check import check
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: {range: [1, 4096], collapse: true}
+  fused: [false, true]
+args:
+  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
+  weight: {tensor: [4096], dtype: bfloat16}
+  eps: 1.0e-6
+  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
+"""
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "rms.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def _bundle(out, spec_file, cache_dir, *extra):
+    assert main(["bundle", "create", str(out), str(spec_file), "--target", "sm90", "--cache-dir", str(cache_dir),
+                 *extra]) == 0
+
+
+def _members(path):
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+@pytest.mark.parametrize("binary_only", [False, True])
+def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compile_counter, rms_norm_runtime,
+                                                     binary_only, capsys):
+    target, warmed = TARGETS["sm90"], tmp_path / "warmed"
+    the_plan = plan(load_specs([spec_file]), target)
+    assert warm(the_plan, warmed).compiled == 2
+    bundle = tmp_path / "warm.tar.gz"
+    _bundle(bundle, spec_file, warmed, *(["--binary-only"] if binary_only else []))
+    shutil.rmtree(warmed)  # the original is gone: nothing can be read from it any more
+
+    members = _members(bundle)
+    assert all(not name.startswith("/") and str(tmp_path) not in data.decode(errors="replace")
+               for name, data in members.items() if name.endswith(".json"))  # relative paths only
+    kept = {name.rsplit(".", 1)[-1] for name in members if "/" in name and "__grp__" not in name}
+    assert kept == ({"cubin", "json"} if binary_only else {"cubin", "json", "ptx", "ttir", "ttgir", "llir", "source"})
+
+    served = tmp_path / "srv" / "cache"
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(served)]) == 0
+    assert "installed 2, already there 0 of 2" in capsys.readouterr().out
+    assert check(plan(load_specs([spec_file]), target), served).ok
+    for group in served.glob("*/__grp__*.json"):
+        assert all(p.startswith(str(served) + os.sep) for p in json.loads(group.read_text())["child_paths"].values())
+
+    before = compile_counter.count
+    for rows in (1, 7, 4096):
+        for fused in (False, True):
+            assert rms_norm_runtime(target, served, rows, fused).hash in the_plan.variants
+    assert compile_counter.count == before
+    rms_norm_runtime(target, tmp_path / "empty", 3, False)  # control: an empty cache does compile
+    assert compile_counter.count == before + 1
+
+
+def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file):
+    warmed, served = tmp_path / "warmed", tmp_path / "served"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    first = install(bundle, served, compare_environment=False)
+    assert (first.installed, first.already) == (2, 0)
+    manifest = (served / "tritonwarm" / "manifest-sm90.json").read_bytes()
+    cubins = sorted(served.glob("*/*.cubin"))
+    stamps = [p.stat().st_mtime_ns for p in cubins]
+    second = install(bundle, served, compare_environment=False)
+    assert (second.installed, second.already) == (0, 2)
+    assert [p.stat().st_mtime_ns for p in cubins] == stamps
+    assert (served / "tritonwarm" / "manifest-sm90.json").read_bytes() == manifest
+
+    cubins[0].write_bytes(b"damaged")  # a damaged entry is replaced, the intact one left alone
+    third = install(bundle, served, compare_environment=False)
+    assert (third.installed, third.already) == (1, 1)
+    assert check(plan(load_specs([spec_file]), TARGETS["sm90"]), served).ok
+    assert not list((served / "tritonwarm").glob(".install-*"))  # no staging left behind
+
+
+def test_a_copied_cache_is_not_bundled_and_a_copy_is_replaced(tmp_path, spec_file):
+    """A plain copy's groups still name the original's files: it is neither bundled nor kept by install."""
+    warmed = tmp_path / "warmed"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    copy = tmp_path / "copy"
+    shutil.copytree(warmed, copy)
+    assert main(["bundle", "create", str(tmp_path / "x.tar.gz"), str(spec_file), "--target", "sm90",
+                 "--cache-dir", str(copy)]) == 2
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    report = install(bundle, copy, compare_environment=False)
+    assert report.installed == 2  # the copy's entries read the original's files: replaced
+    shutil.rmtree(warmed)
+    assert check(plan(load_specs([spec_file]), TARGETS["sm90"]), copy).ok
+
+
+def test_bundle_is_reproducible_and_verify_names_environment_differences(tmp_path, spec_file, capsys, monkeypatch):
+    warmed = tmp_path / "warmed"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    a, b = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    _bundle(a, spec_file, warmed)
+    _bundle(b, spec_file, warmed)
+    assert a.read_bytes() == b.read_bytes()
+    header = read_header(a)
+    rows = header["targets"]["sm90"]
+    assert rows == Manifest(warmed, "sm90").read()  # the manifest's rows, unchanged
+    report = verify(a)
+    assert (report.entries, report.files, report.differences) == (2, 14, [])
+
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(a)]) == 0
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert main(["bundle", "verify", str(a)]) == 1
+    out = capsys.readouterr().out
+    assert "TRITON_DEFAULT_FP_FUSION: warmed with" in out and "1 difference" in out
+
+
+def test_create_refuses_what_is_not_warmed(tmp_path, spec_file, capsys):
+    assert main(["bundle", "create", str(tmp_path / "x.tar.gz"), str(spec_file), "--target", "sm90",
+                 "--cache-dir", str(tmp_path / "cold")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not warmed in" in err
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def _install_in_child(bundle, served):
+    install(bundle, served, compare_environment=False)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file):
+    """10 installs killed at random moments: each entry is whole or absent; installing again completes."""
+    warmed = tmp_path / "warmed"
+    specs = load_specs([spec_file])
+    warm(plan(specs, TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    header = read_header(bundle)
+    context = multiprocessing.get_context("fork")
+
+    def run_child(served, delay):
+        child = context.Process(target=_install_in_child, args=(bundle, served))
+        t0 = time.perf_counter()
+        child.start()
+        if delay is not None:
+            time.sleep(delay)
+            os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        return child.exitcode, time.perf_counter() - t0
+
+    code, duration = run_child(tmp_path / "timing", None)
+    assert code == 0
+    rng = random.Random(1234)
+    killed = interrupted = 0
+    for trial in range(10):
+        served = tmp_path / f"served{trial}"
+        code, _ = run_child(served, rng.uniform(0, 0.9 * duration))
+        killed += code == -signal.SIGKILL
+        for rows in header["targets"].values():
+            for row in rows.values():
+                folder = served / row["entry_dir"]
+                if folder.exists():  # whole, as Triton would load it, or not there at all
+                    group = json.loads((folder / f"__grp__{row['entry_name']}.json").read_text())
+                    assert sorted(group["child_paths"]) == sorted(row["files"])
+        if (served / "tritonwarm").exists():
+            Manifest(served, "sm90").read()  # never half a manifest
+        unmerged = not (served / "tritonwarm" / "manifest-sm90.json").exists()
+        report = install(bundle, served, compare_environment=False)
+        interrupted += code == -signal.SIGKILL and (report.installed > 0 or unmerged)
+        assert report.installed + report.already == 2
+        assert check(plan(specs, TARGETS["sm90"]), served).ok
+        assert not list((served / "tritonwarm").glob(".install-*"))
+    assert killed >= 3 and interrupted >= 1, (killed, interrupted)  # the kills did land mid-install
+
+
+def test_header_comes_first(tmp_path, spec_file):
+    warmed = tmp_path / "warmed"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    assert names[0] == HEADER_NAME and len(names) == 1 + 2 * 8

@@ -1,0 +1,184 @@
+"""Hostile bundles: each is built here, and both ``install`` and ``verify`` refuse it with exit 2 and one
+line naming the member; nothing is written outside the destination, nothing already there is lost."""
+
+import gzip
+import io
+import json
+import tarfile
+
+import pytest
+from tritonwarm.cli import main
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache.bundle import HEADER_NAME, BundleError, Limits, install, verify
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: [16]
+args:
+  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
+  weight: {tensor: [4096], dtype: bfloat16}
+  eps: 1.0e-6
+"""
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """A real one-entry bundle's members, in order: the base every hostile archive is built from."""
+    root = tmp_path_factory.mktemp("good")
+    (root / "rms.yaml").write_text(SPEC)
+    warm(plan(load_specs([root / "rms.yaml"]), TARGETS["sm90"]), root / "cache")
+    bundle = root / "good.tar.gz"
+    assert main(["bundle", "create", str(bundle), str(root / "rms.yaml"), "--target", "sm90",
+                 "--cache-dir", str(root / "cache")]) == 0
+    with tarfile.open(bundle) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+
+
+@pytest.fixture
+def dest(tmp_path, good):
+    """A destination that already holds the good bundle: what must survive every refusal."""
+    path = tmp_path / "dest"
+    install(_build(tmp_path / "base.tar.gz", good), path, compare_environment=False)
+    return path
+
+
+def _info(name, size=0, kind=tarfile.REGTYPE, link=""):
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.linkname, info.mode = size, kind, link, 0o644
+    return info
+
+
+def _build(path, members, extra=()):
+    """``members``: ``(name, bytes)``; ``extra``: ``(TarInfo, bytes | None)`` appended raw."""
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w|") as tar:
+        for name, data in members:
+            tar.addfile(_info(name, len(data)), io.BytesIO(data))
+        for info, data in extra:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*")) if ".lock" not in p.name and "locks" not in p.parts}
+
+
+def _cubin(good):
+    return next(name for name, _ in good if name.endswith(".cubin"))
+
+
+def _replace(good, name, data):
+    return [(n, data if n == name else d) for n, d in good]
+
+
+def _header(good):
+    return json.loads(dict(good)[HEADER_NAME])
+
+
+def _with_header(good, header):
+    return _replace(good, HEADER_NAME, json.dumps(header).encode())
+
+
+def _cases(good):
+    cubin = _cubin(good)
+    entry = cubin.split("/")[0]
+    rest = [(n, d) for n, d in good if n != cubin]
+    link_to = "/etc/passwd"
+    flipped = dict(good)[cubin][:-1] + bytes([dict(good)[cubin][-1] ^ 1])  # one bit of the last byte
+    bad_target = _header(good)
+    bad_target["targets"]["../../evil"] = bad_target["targets"].pop("sm90")
+    bad_file_name = _header(good)
+    row = next(iter(bad_file_name["targets"]["sm90"].values()))
+    row["files"]["../../x.so"] = row["files"].pop(cubin.split("/")[1])
+    return {
+        "absolute path": (good, [(_info("/tmp/tritonwarm-escaped", 3), b"bad")], "absolute path"),
+        "dot-dot": (good, [(_info(f"{entry}/../../escaped", 3), b"bad")], "'..'"),
+        "symlink": (rest, [(_info(cubin, kind=tarfile.SYMTYPE, link=link_to), None)], "symbolic link"),
+        "hard link": (rest, [(_info(cubin, kind=tarfile.LNKTYPE, link=link_to), None)], "hard link"),
+        "device": (rest, [(_info(cubin, kind=tarfile.CHRTYPE), None)], "device file"),
+        "fifo": (rest, [(_info(cubin, kind=tarfile.FIFOTYPE), None)], "fifo"),
+        "directory": (good, [(_info(entry, kind=tarfile.DIRTYPE), None)], "directory"),
+        "unlisted file": (good, [(_info(f"{entry}/extra.so", 3), b"bad")], "outside the expected layout"),
+        "manifest overwrite": (good, [(_info("tritonwarm/manifest-sm90.json", 2), b"{}")], "outside the expected"),
+        "duplicate member": (good, [(_info(cubin, 3), b"bad")], "appears twice"),
+        "hash differs": (_replace(good, cubin, flipped), [], "sha256"),
+        "missing member": (rest, [], "missing"),
+        "header not first": (good[1:] + good[:1], [], "not a tritonwarm bundle"),
+        "target name in header": (_with_header(good, bad_target), [], "not a target name"),
+        "file name in header": (_with_header(good, bad_file_name), [], "not a cache file name"),
+        "group naming other files": (
+            [(n, json.dumps({"child_paths": {"x": "/etc/passwd"}}).encode() if "__grp__" in n else d) for n, d in good],
+            [], "names other files"),
+    }
+
+
+CASES = ["absolute path", "dot-dot", "symlink", "hard link", "device", "fifo", "directory", "unlisted file",
+         "manifest overwrite", "duplicate member", "hash differs", "missing member", "header not first",
+         "target name in header", "file name in header", "group naming other files"]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("command", ["install", "verify"])
+def test_hostile_archive_is_refused(tmp_path, good, dest, case, command, capsys):
+    members, extra, words = _cases(good)[case]
+    bundle = _build(tmp_path / "hostile.tar.gz", members, extra)
+    before_dest, before_all = _snapshot(dest), sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    argv = ["bundle", command, str(bundle)] + (["--cache-dir", str(dest)] if command == "install" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tritonwarm: error: ") and words in err, err
+    assert _snapshot(dest) == before_dest  # nothing in the cache lost or added
+    assert sorted(p.name for p in tmp_path.iterdir()) == before_all  # nothing written beside it
+    assert not list(tmp_path.rglob("*escaped*"))
+    assert not list((dest / "tritonwarm").glob(".install-*"))
+
+
+def test_member_over_the_size_limit(tmp_path, good, dest):
+    bundle = _build(tmp_path / "b.tar.gz", good)
+    largest = max(len(data) for name, data in good if name != HEADER_NAME)
+    before = _snapshot(dest)
+    with pytest.raises(BundleError, match="over the limit"):
+        install(bundle, dest, Limits(member_bytes=largest - 1))
+    assert _snapshot(dest) == before
+    assert verify(bundle, Limits(member_bytes=largest)).entries == 1  # at the limit is fine
+
+
+def test_archive_over_the_size_limit(tmp_path, good, dest):
+    bundle = _build(tmp_path / "b.tar.gz", good)
+    before = _snapshot(dest)
+    with pytest.raises(BundleError, match="the archive .* over the limit"):
+        install(bundle, dest, Limits(archive_bytes=bundle.stat().st_size - 1))
+    assert _snapshot(dest) == before
+
+
+def test_decompression_bomb_stops_at_the_cap(tmp_path, good, dest):
+    """64 MiB of zeros in a ~64 KiB archive: reading stops at the decompressed-bytes cap, not at the end."""
+    bomb = b"\0" * (64 << 20)
+    members = _replace(good, _cubin(good), bomb)
+    bundle = _build(tmp_path / "bomb.tar.gz", members)
+    assert bundle.stat().st_size < 1 << 20
+    before = _snapshot(dest)
+    with pytest.raises(BundleError, match="decompression bomb"):
+        install(bundle, dest, Limits(total_bytes=4 << 20))
+    with pytest.raises(BundleError, match="decompression bomb"):
+        verify(bundle, Limits(total_bytes=4 << 20))
+    assert _snapshot(dest) == before
+    staged = list((dest / "tritonwarm").rglob("*.cubin"))
+    assert not staged
+
+
+def test_not_a_gzip_or_not_a_tar(tmp_path, capsys):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not an archive at all")
+    assert main(["bundle", "verify", str(junk)]) == 2
+    plain = tmp_path / "plain.tar.gz"
+    plain.write_bytes(gzip.compress(b"x" * 1000))
+    assert main(["bundle", "verify", str(plain)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "junk.tar.gz" in err and "plain.tar.gz" in err
