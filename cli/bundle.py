@@ -17,17 +17,25 @@ def add_shard_args(p) -> None:
                         "(every shard must be given the same file)")
 
 
-def sharded(args, the_plan):
-    """``the_plan``, or the part of it ``--shard I/N`` names."""
-    if not getattr(args, "shard", None):
+def shard_of(args):
+    """``(index, count, recorded seconds)`` from ``--shard``/``--shard-times``, or None; checked before planning."""
+    if getattr(args, "shard", None) is None:
         if getattr(args, "shard_times", None):
             raise ValueError("--shard-times needs --shard")
-        return the_plan
-    from ..jit.shard import parse_shard, recorded_seconds, shard_plan
+        return None
+    from ..jit.shard import parse_shard, recorded_seconds
 
     index, count = parse_shard(args.shard)
-    seconds = recorded_seconds(args.shard_times) if args.shard_times else None
-    return shard_plan(the_plan, index, count, seconds)
+    return index, count, recorded_seconds(args.shard_times) if args.shard_times else None
+
+
+def sharded(shard, the_plan):
+    """``the_plan``, or the part of it that ``shard`` (from ``shard_of``) names."""
+    if shard is None:
+        return the_plan
+    from ..jit.shard import shard_plan
+
+    return shard_plan(the_plan, *shard)
 
 
 def add_parsers(sub) -> None:
@@ -76,10 +84,11 @@ def _print(report, args, what: str) -> None:
 def cmd_create(args) -> int:
     from ..jit.cache.bundle import create
 
+    shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
     variants, problems = {}, []
     for target in targets:
-        the_plan = sharded(args, plan_with_engine(args, specs, target, cache_dir=cache_dir))
+        the_plan = sharded(shard, plan_with_engine(args, specs, target, cache_dir=cache_dir))
         problems += the_plan.errors
         variants[target.name] = list(the_plan.variants.values())
     if problems:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .bundle import add_shard_args, sharded
+from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     UsageError,
     add_spec_args,
@@ -49,13 +49,14 @@ def add_parsers(sub) -> None:
 def cmd_warmup(args) -> int:
     from ..jit.warmup import warm
 
+    shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     results, problems, pushes = [], [], []
     for target in targets:
-        the_plan = sharded(args, plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
+        the_plan = sharded(shard, plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
                                                   cache_dir=None if args.replan else cache_dir))
         problems += the_plan.errors + the_plan.collapse_errors
         with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
