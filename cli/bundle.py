@@ -59,6 +59,9 @@ def add_parsers(sub) -> None:
     i = bsub.add_parser("install", help="install into a cache folder (any path): groups rewritten for it, "
                                          "manifest merged; safe to repeat or to kill")
     i.add_argument("bundle", metavar="BUNDLE")
+    i.add_argument("--no-fsync", action="store_true",
+                   help="do not flush each file to disk before it goes into place (an image build, whose layer "
+                        "is written out afterwards; elsewhere a power loss could leave empty files)")
     add_cache_args(i)
     i.set_defaults(func=cmd_install)
 
@@ -116,7 +119,7 @@ def cmd_install(args) -> int:
     from ..jit.cache.bundle import install
 
     cache_dir = resolve_cache_dir(args.cache_dir)
-    report = install(args.bundle, cache_dir)
+    report = install(args.bundle, cache_dir, durable=not args.no_fsync)
     for line in report.differences:
         print(f"tritonwarm: warning: {line}", file=sys.stderr)
     if args.json:

@@ -409,8 +409,8 @@ def verify(path: Path, limits: Limits = Limits()) -> BundleReport:
 # --------------------------------------------------------------------------------------------- install
 
 
-def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_environment: bool = True
-            ) -> BundleReport:
+def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_environment: bool = True,
+            durable: bool = True) -> BundleReport:
     """Install a bundle into ``cache_dir``: every entry in place, groups pointing there, manifest merged.
 
     Everything is extracted and checked in a staging folder inside the destination first (same file
@@ -419,7 +419,9 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
     first), and the manifest is merged last. A kill at any moment leaves entries either absent or
     whole, which Triton reads as a miss or a hit; installing again completes the job. The fingerprint
     is compared last (it hashes Triton's ~0.5 GB library): differences are reported, not refused,
-    since the installing Python need not be the serving one.
+    since the installing Python need not be the serving one. ``durable`` flushes every file to disk
+    before it goes into place, so a power loss cannot leave an entry of empty files that Triton would
+    load; an image build, whose layer is written out afterwards, can skip it.
     """
     cache_dir = Path(cache_dir).absolute()
     from .layout import ensure_writable
@@ -434,8 +436,9 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
             with open(folder / name, "wb") as f:
                 for chunk in chunks:
                     f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
 
         header, total = _stream_files(path, limits, store)
         report = summary(path, header)
@@ -455,6 +458,8 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
                     os.rename(final, aside / entry_dir)
                 os.rename(staging / entry_dir, final)
                 report.installed += 1
+        if durable and report.installed:
+            _fsync_dir(cache_dir)
         for target, rows in header["targets"].items():
             Manifest(cache_dir, target).update(rows)
         if compare_environment:
@@ -462,6 +467,14 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         return report
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _hash_of(header: dict, entry_dir: str) -> str:
