@@ -7,6 +7,11 @@ import sys
 
 from .common import add_cache_args, add_spec_args, plan_with_engine, prepare
 
+try:  # warming for another serving environment (--for / --for-wheel), where this tritonwarm has it
+    from .env import add_for_args, keyed_for
+except ImportError:
+    add_for_args = keyed_for = None
+
 
 def add_shard_args(p) -> None:
     p.add_argument("--shard", metavar="I/N",
@@ -49,7 +54,9 @@ def add_parsers(sub) -> None:
     c.add_argument("--binary-only", action="store_true",
                    help="carry only what the runtime loads (cubin/hsaco + metadata), not the IR")
     add_shard_args(c)
-    c.set_defaults(func=cmd_create)
+    if add_for_args is not None:  # the bundle holds what warmup --for / --for-wheel keyed for that runtime
+        add_for_args(c)
+    c.set_defaults(func=keyed_for(cmd_create) if keyed_for is not None else cmd_create)
 
     v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime")
     v.add_argument("bundle", metavar="BUNDLE")

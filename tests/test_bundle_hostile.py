@@ -95,6 +95,7 @@ def _cases(good):
     bad_file_name = _header(good)
     row = next(iter(bad_file_name["targets"]["sm90"].values()))
     row["files"]["../../x.so"] = row["files"].pop(cubin.split("/")[1])
+    bad_environments = {**_header(good), "environments": {"sm90": "not a fingerprint"}}
     return {
         "absolute path": (good, [(_info("/tmp/tritonwarm-escaped", 3), b"bad")], "absolute path"),
         "dot-dot": (good, [(_info(f"{entry}/../../escaped", 3), b"bad")], "'..'"),
@@ -111,6 +112,7 @@ def _cases(good):
         "header not first": (good[1:] + good[:1], [], "not a tritonwarm bundle"),
         "target name in header": (_with_header(good, bad_target), [], "not a target name"),
         "file name in header": (_with_header(good, bad_file_name), [], "not a cache file name"),
+        "environments in header": (_with_header(good, bad_environments), [], "environments"),
         "group naming other files": (
             [(n, json.dumps({"child_paths": {"x": "/etc/passwd"}}).encode() if "__grp__" in n else d) for n, d in good],
             [], "names other files"),
@@ -119,7 +121,7 @@ def _cases(good):
 
 CASES = ["absolute path", "dot-dot", "symlink", "hard link", "device", "fifo", "directory", "unlisted file",
          "manifest overwrite", "duplicate member", "hash differs", "missing member", "header not first",
-         "target name in header", "file name in header", "group naming other files"]
+         "target name in header", "file name in header", "environments in header", "group naming other files"]
 
 
 @pytest.mark.parametrize("case", CASES)

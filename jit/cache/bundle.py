@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -85,8 +86,11 @@ def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_
     """
     cache_dir = Path(cache_dir)
     targets: dict[str, dict] = {}
+    environments: dict[str, dict] = {}
     for target, variants in variants_by_target.items():
-        recorded = Manifest(cache_dir, target).read()
+        manifest = Manifest(cache_dir, target)
+        recorded = manifest.read()
+        known = manifest.environments() if hasattr(manifest, "environments") else {}
         rows = {}
         for variant in sorted(variants, key=lambda v: v.cache_hash):
             what = f"{target} {variant.variant_id} ({variant.kernel.rsplit('.', 1)[-1]})"
@@ -100,8 +104,19 @@ def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_
             keep = _kept_files(row, binary_only)
             rows[variant.cache_hash] = {**row, "files": {name: row["files"][name] for name in keep}}
         targets[target] = rows
-    return {"format": BUNDLE_FORMAT, "binary_only": binary_only, "fingerprint": env.fingerprint(),
-            "targets": targets}
+        named = {row.get("environment") for row in rows.values()}
+        environments[target] = {k: v for k, v in sorted(known.items()) if k in named}
+    return {"format": BUNDLE_FORMAT, "binary_only": binary_only, "fingerprint": _warmed_for(environments),
+            "targets": targets, "environments": environments}
+
+
+def _warmed_for(environments: dict[str, dict]) -> dict:
+    """The environment the entries were keyed for: the one the manifest records for them (a warm-up
+    for another serving Python records that one), else this process's."""
+    recorded = {json.dumps(fp, sort_keys=True) for table in environments.values() for fp in table.values()}
+    if len(recorded) == 1:
+        return json.loads(recorded.pop())
+    return getattr(env, "current_fingerprint", env.fingerprint)()
 
 
 def _kept_files(row: dict, binary_only: bool) -> list[str]:
@@ -146,11 +161,18 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
                         tar.addfile(info, f)
                 group = {"child_paths": {name: f"{entry_dir}/{name}" for name in names}}
                 _add_bytes(tar, f"{entry_dir}/{_group_name(entry_name)}", json.dumps(group, sort_keys=True).encode())
+        os.chmod(tmp, 0o666 & ~_umask())  # readable as a plain file would be, not mkstemp's 0600
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
@@ -296,6 +318,11 @@ def _check_header(header, path: Path) -> None:
                     bad(f"{where}.files.{name}", "not a sha256")
             if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
                 bad(where, "the same entry appears twice with different files")
+    environments = header.setdefault("environments", {})
+    if not isinstance(environments, dict) or not all(
+            t in header["targets"] and isinstance(table, dict) and all(isinstance(fp, dict) for fp in table.values())
+            for t, table in environments.items()):
+        bad("environments", "not a table of fingerprints per target")
 
 
 def _entry_dir_of(cache_hash: str) -> str:
@@ -384,10 +411,9 @@ def _check_group(data: bytes, entry_dir: str, header: dict, path: Path, name: st
 
 def _differences(header: dict) -> list[str]:
     warmed, here = header["fingerprint"], env.fingerprint()
-    if warmed.get("format") != here.get("format"):
-        return [f"fingerprint format {warmed.get('format')} (bundle) vs {here.get('format')} (this tritonwarm): "
-                "cannot compare; bundle with this tritonwarm"]
     try:
+        if "targets" in inspect.signature(env.differences).parameters:  # compare only the bundled targets' backends
+            return env.differences(warmed, here, targets=sorted(header["targets"]))
         return env.differences(warmed, here)
     except (KeyError, TypeError, AttributeError):
         return [f"{HEADER_NAME}: the fingerprint is malformed: cannot tell whether this runtime reads its entries"]
@@ -461,7 +487,11 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         if durable and report.installed:
             _fsync_dir(cache_dir)
         for target, rows in header["targets"].items():
-            Manifest(cache_dir, target).update(rows)
+            environments = header["environments"].get(target)
+            if environments:  # a manifest that keeps the environments entries were warmed under
+                Manifest(cache_dir, target).update(rows, environments=environments)
+            else:
+                Manifest(cache_dir, target).update(rows)
         if compare_environment:
             report.differences = _differences(header)
         return report
@@ -532,8 +562,10 @@ def merge(out: Path, paths: list[Path], limits: Limits = Limits()) -> BundleRepo
 
             header, _ = _stream_files(path, limits, store)
             if merged is None:
-                merged, first = {**header, "targets": {}}, path
+                merged, first = {**header, "targets": {}, "environments": {}}, path
             _check_compatible(merged, header, first, path)
+            for target, table in header["environments"].items():
+                merged["environments"].setdefault(target, {}).update(table)
             for target, rows in header["targets"].items():
                 into = merged["targets"].setdefault(target, {})
                 for cache_hash, row in rows.items():
@@ -544,7 +576,11 @@ def merge(out: Path, paths: list[Path], limits: Limits = Limits()) -> BundleRepo
 
 
 def _check_compatible(merged: dict, header: dict, first: Path, path: Path) -> None:
-    if header["fingerprint"] != merged["fingerprint"]:
+    try:
+        same = env.fingerprint_id(header["fingerprint"]) == env.fingerprint_id(merged["fingerprint"])
+    except (KeyError, TypeError, AttributeError):
+        raise BundleError(f"{path}: {HEADER_NAME}: fingerprint: malformed") from None
+    if not same:
         lines = env.differences(merged["fingerprint"], header["fingerprint"]) or [
             f"{k} differs" for k in sorted(set(header["fingerprint"]) | set(merged["fingerprint"]))
             if header["fingerprint"].get(k) != merged["fingerprint"].get(k)]
