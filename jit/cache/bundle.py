@@ -278,6 +278,8 @@ def _read_header(tar: tarfile.TarFile, path: Path, limits: Limits) -> dict:
 
 
 def _check_member_kind(member: tarfile.TarInfo, path: Path) -> None:
+    if member.issparse():  # its holes would expand past what the stream counts
+        raise BundleError(f"{path}: member {member.name!r} is a sparse file; a bundle holds plain files only")
     if not member.isreg():
         kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk() else
                 "a device file" if member.ischr() or member.isblk() else "a fifo" if member.isfifo() else
@@ -339,9 +341,9 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
     """
     with _open_stream(path, limits) as tar:
         header = _read_header(tar, path, limits)
-        expected = {}
+        expected, index = {}, _by_entry(header)
         for entry_dir, entry_name, names in _entries(header):
-            digests = _row_files(header, entry_dir)
+            digests = index[entry_dir][1]["files"]
             for name in names:
                 expected[f"{entry_dir}/{name}"] = digests[name]
             expected[f"{entry_dir}/{_group_name(entry_name)}"] = None
@@ -369,7 +371,7 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
             entry_dir, file_name = name.split("/")
             reader = tar.extractfile(member)
             if expected[name] is None:
-                _check_group(reader.read(), entry_dir, header, path, name)
+                _check_group(reader.read(), entry_dir, index[entry_dir][1]["files"], path, name)
                 continue
             digest = hashlib.sha256()
 
@@ -391,16 +393,12 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
     return header, total
 
 
-def _row_files(header: dict, entry_dir: str) -> dict[str, str]:
-    for rows in header["targets"].values():
-        for row in rows.values():
-            if row["entry_dir"] == entry_dir:
-                return row["files"]
-    raise KeyError(entry_dir)
+def _by_entry(header: dict) -> dict[str, tuple[str, dict]]:
+    """Entry folder → (cache hash, row)."""
+    return {row["entry_dir"]: (h, row) for rows in header["targets"].values() for h, row in rows.items()}
 
 
-def _check_group(data: bytes, entry_dir: str, header: dict, path: Path, name: str) -> None:
-    files = _row_files(header, entry_dir)
+def _check_group(data: bytes, entry_dir: str, files: dict, path: Path, name: str) -> None:
     try:
         children = json.loads(data)["child_paths"]
     except (ValueError, KeyError, TypeError):
@@ -471,11 +469,12 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         report.bytes = total
         aside = staging / "replaced"
         aside.mkdir()
+        index = _by_entry(header)
         for entry_dir, entry_name, names in _entries(header):
             final = cache_dir / entry_dir
-            cache_hash = _hash_of(header, entry_dir)
+            cache_hash, row = index[entry_dir]
             with variant_lock(cache_dir, cache_hash):
-                if _intact(final, entry_name, _row_files(header, entry_dir)):
+                if _intact(final, entry_name, row["files"]):
                     report.already += 1
                     continue
                 group = {"child_paths": {name: str(final / name) for name in names}}
@@ -505,14 +504,6 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _hash_of(header: dict, entry_dir: str) -> str:
-    for rows in header["targets"].values():
-        for cache_hash, row in rows.items():
-            if row["entry_dir"] == entry_dir:
-                return cache_hash
-    raise KeyError(entry_dir)
 
 
 def _intact(folder: Path, entry_name: str, digests: dict[str, str]) -> bool:
