@@ -71,6 +71,13 @@ def test_four_shards_merged_equal_one_full_warmup(tmp_path, capsys):
     full_files.pop(HEADER_NAME), merged_files.pop(HEADER_NAME)
     assert merged_files == full_files  # every entry's every file, byte for byte
 
+    # the next split can be balanced by the times this warm-up recorded: still a partition of the plan
+    times = recorded_seconds(tmp_path / "full.tar.gz")
+    assert set(times) == set(whole["targets"]["sm90"]) and all(t > 0 for t in times.values())
+    the_plan = plan(load_specs([spec]), TARGETS["sm90"])
+    timed = [set(shard_plan(the_plan, i, 4, times).variants) for i in range(1, 5)]
+    assert sum(map(len, timed)) == 8 and set().union(*timed) == set(the_plan.variants)
+
     served = tmp_path / "served"
     install(tmp_path / "merged.tar.gz", served, compare_environment=False)
     assert check(plan(load_specs([spec]), TARGETS["sm90"]), served).ok
