@@ -208,3 +208,23 @@ def test_header_comes_first(tmp_path, spec_file):
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
     assert names[0] == HEADER_NAME and len(names) == 1 + 2 * 8
+
+
+@pytest.mark.slow
+def test_concurrent_installs_of_one_bundle(tmp_path, spec_file):
+    """Four processes install at once: per-key locks, one manifest merge at a time, a complete cache."""
+    warmed, served = tmp_path / "warmed", tmp_path / "served"
+    specs = load_specs([spec_file])
+    warm(plan(specs, TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    context = multiprocessing.get_context("fork")
+    children = [context.Process(target=_install_in_child, args=(bundle, served)) for _ in range(4)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+    assert [c.exitcode for c in children] == [0] * 4
+    assert check(plan(specs, TARGETS["sm90"]), served).ok
+    assert len(Manifest(served, "sm90").read()) == 2
+    assert not list((served / "tritonwarm").glob(".install-*"))
