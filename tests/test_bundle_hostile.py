@@ -97,7 +97,7 @@ def _cases(good):
     row["files"]["../../x.so"] = row["files"].pop(cubin.split("/")[1])
     bad_environments = {**_header(good), "environments": {"sm90": "not a fingerprint"}}
     return {
-        "absolute path": (good, [(_info("/tmp/tritonwarm-escaped", 3), b"bad")], "absolute path"),
+        "absolute path": (good, [(_info("/tritonwarm-escaped", 3), b"bad")], "absolute path"),
         "dot-dot": (good, [(_info(f"{entry}/../../escaped", 3), b"bad")], "'..'"),
         "symlink": (rest, [(_info(cubin, kind=tarfile.SYMTYPE, link=link_to), None)], "symbolic link"),
         "hard link": (rest, [(_info(cubin, kind=tarfile.LNKTYPE, link=link_to), None)], "hard link"),
