@@ -151,7 +151,8 @@ def cmd_prune(args) -> int:
 
 def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
     """What still plans entries for ``target``: the specs named, or else every spec file and engine
-    config the cache was warmed from (the shipped specs when it recorded none)."""
+    config the cache was warmed from and every entry installed from a bundle (the shipped specs when it
+    recorded none)."""
     from ..jit.cache.sources import PlanSources
     from ..jit.plan import plan
     from ..jit.specs import load_specs
@@ -159,12 +160,14 @@ def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
     if explicit_specs:
         return set(plan(load_specs(explicit_specs), target, verify_collapse=False).variants)
     sources = PlanSources(cache_dir, target.name).read()
-    if not sources["specs"] and not sources["engine_configs"]:
+    if not any(sources.values()):
         return set(plan(load_specs([SHIPPED_SPECS]), target, verify_collapse=False).variants)
     present = [s for s in sources["specs"] if Path(s).is_file()]
     for gone in sorted(set(sources["specs"]) - set(present)):
         print(f"note: {gone} no longer exists: nothing plans its variants", file=sys.stderr)
-    hashes = set(plan(load_specs(present), target, verify_collapse=False).variants) if present else set()
+    hashes = set(sources["installed"])  # installed from a bundle: planned where it was built
+    if present:
+        hashes |= set(plan(load_specs(present), target, verify_collapse=False).variants)
     if sources["engine_configs"]:
         from ..engine.plan import engine_plan
 

@@ -166,3 +166,20 @@ def test_manifest_and_plans_follow_the_umask(tmp_path):
     assert len(files) == 2
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+
+
+def test_prune_unplanned_keeps_what_a_bundle_installed(custom_kernel, tmp_path, monkeypatch):
+    from tritonwarm.jit.cache import bundle
+
+    code, spec, env = custom_kernel
+    monkeypatch.syspath_prepend(str(code))
+    built = tmp_path / "built"
+    the_plan = plan(load_specs([spec]), TARGETS["sm90"])
+    warm(the_plan, built)
+    archive = tmp_path / "cache.tar.gz"
+    bundle.create(archive, built, {"sm90": the_plan.variants.values()})
+    served = tmp_path / "served"
+    bundle.install(archive, served, compare_environment=False)
+
+    kept = json.loads(tritonwarm("prune", "--unplanned", "--cache-dir", served, "--json", env=env).stdout)
+    assert kept["removed"] == [] and set(Manifest(served, "sm90").read()) == set(the_plan.variants)

@@ -34,6 +34,7 @@ from pathlib import Path
 from . import env
 from .layout import CacheError, entry_files, file_sha256, variant_lock
 from .manifest import Manifest, files_match_record
+from .sources import PlanSources
 
 HEADER_NAME = "tritonwarm-bundle.json"
 BUNDLE_FORMAT = 1
@@ -491,6 +492,7 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
                 Manifest(cache_dir, target).update(rows, environments=environments)
             else:
                 Manifest(cache_dir, target).update(rows)
+            PlanSources(cache_dir, target).add(installed=list(rows))  # prune --unplanned keeps them
         if compare_environment:
             report.differences = _differences(header)
         return report
