@@ -62,7 +62,7 @@ def cmd_warmup(args) -> int:
         with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
             result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)
         results.append(result)
-        problems += result.failures
+        problems += result.failures + _store_pinned_winners(specs, target, cache_dir)
         if not args.json:
             print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
                   f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
@@ -82,6 +82,15 @@ def cmd_warmup(args) -> int:
     return 1 if problems else 0
 
 
+def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
+    """Rows that pin an autotune config (``config:``) get it stored as Triton's winner with the binaries."""
+    if not any(spec.config is not None for spec in specs):
+        return []
+    from ..jit.autotune import pin_winners
+
+    return pin_winners(specs, target, cache_dir).errors
+
+
 def cmd_check(args) -> int:
     from ..jit.check import check
 
@@ -89,8 +98,12 @@ def cmd_check(args) -> int:
         return _check_trace(args)
     if args.remote:
         return _check_remote(args)
+    from ..jit.autotune import probe_winners
+
     specs, targets, cache_dir = prepare(args)
     reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
+    for report, target in zip(reports, targets, strict=True):
+        report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
     if args.json:
         print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
                           "targets": [r.to_json() for r in reports]}, indent=1))
@@ -110,6 +123,10 @@ def cmd_check(args) -> int:
                 print(f"  unreachable row: {row} launches no kernel")
             for line in r.errors + r.collapse_errors:
                 print(f"  error: {line}")
+            for line in r.unknown_winners:
+                print(f"  winner unknown: {line}")
+            for line in r.notes:
+                print(f"  note: {line}")
     return 0 if all(r.ok for r in reports) else 1
 
 

@@ -21,11 +21,13 @@ class CheckReport:
     errors: list[str] = field(default_factory=list)
     collapse_errors: list[str] = field(default_factory=list)
     redundant: list[str] = field(default_factory=list)
+    unknown_winners: list[str] = field(default_factory=list)  # autotuned calls serving would benchmark
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.stale or self.corrupt or self.unreachable or self.errors
-                    or self.collapse_errors)
+                    or self.collapse_errors or self.unknown_winners)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -36,7 +38,7 @@ def check(the_plan: Plan, cache_dir: Path) -> CheckReport:
     target = the_plan.target
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
-                         redundant=list(the_plan.redundant))
+                         redundant=list(the_plan.redundant), notes=list(the_plan.notes))
     recorded = Manifest(cache_dir, target.name).read()
     for variant in the_plan.variants.values():
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)

@@ -24,6 +24,10 @@ def triton_cache_dir(path):
 
 
 def find_kernel(variant: Variant) -> JitKernel:
+    if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
+        from .foreign import find_jit_function, kernel_for
+
+        return kernel_for(find_jit_function(variant.jit_function))
     kernel = JitKernel.lookup(variant.kernel)
     if kernel is None and variant.import_path:
         importlib.import_module(variant.import_path.split(":")[0])

@@ -108,6 +108,13 @@ class JitKernel:
     _registry_lock = threading.Lock()
 
     def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None):
+        from .autotune import base_jit_function, is_stack
+
+        # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
+        # the JITFunction at its bottom is what compiles.
+        self.stack = kernel if is_stack(kernel) else None
+        if self.stack is not None:
+            kernel = base_jit_function(kernel) or _interpreted_base(kernel)
         fn = kernel.fn if hasattr(kernel, "fn") else kernel
         self.fn = fn
         self.launch_spec = launch_spec
@@ -123,7 +130,7 @@ class JitKernel:
                 do_not_specialize_on_alignment=getattr(kernel, "kwargs", {}).get("do_not_specialize_on_alignment"),
             )
         self._interpreted = None
-        self.fast = FastDispatch(self.jit_function)
+        self.fast = FastDispatch(self.jit_function) if self.stack is None else None
         with self._registry_lock:
             self._registry[self.name] = self
 
@@ -167,13 +174,29 @@ class JitKernel:
         if observer is not None:
             observer.count_launch(self)
         if _wants_interpreter(launch.args):
-            return self._interpreter()[launch.grid](*launch.args, **launch.kwargs())
+            kwargs = launch.kwargs()
+            if self.stack is not None:
+                from .autotune import resolve_for_interpreter
+
+                kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
+                kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
+            runtime_names = [p.name for p in self.jit_function.params if not p.is_constexpr]
+            grid = launch.grid({**dict(zip(runtime_names, launch.args)), **kwargs}) if callable(launch.grid) \
+                else launch.grid
+            return self._interpreter()[grid](*launch.args, **kwargs)
+        if self.stack is not None:  # Triton's own autotuner / heuristics, then JITFunction.run
+            return self.stack.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())
         if not FAST_DISPATCH:
             return self.jit_function.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())
         return self.fast.launch(launch)
 
     def fake_run(self, launch: Launch):
         """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
+        if self.stack is not None:  # heuristics evaluated, every pruned config traced: see autotune.py
+            from .autotune import autotune_mode, current_state
+
+            with autotune_mode(current_state()):
+                return self.stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
         args = tuple(as_kernel_arg(a) for a in launch.args)
         return self.jit_function.run(*args, grid=launch.grid, warmup=True, **launch.kwargs())
 
@@ -183,6 +206,14 @@ class JitKernel:
 
             self._interpreted = _InterpreterWithHelpers(InterpretedFunction(self.fn))
         return self._interpreted
+
+
+def _interpreted_base(kernel):
+    """With ``TRITON_INTERPRET=1`` at import the stack ends in an interpreted function: compile its source."""
+    seen = 0
+    while hasattr(kernel, "fn") and not callable(getattr(kernel, "__code__", None)) and seen < 16:
+        kernel, seen = kernel.fn, seen + 1
+    return kernel
 
 
 def _wants_interpreter(args) -> bool:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cache import PlanStore
-from .kernel import JitKernel, fake_launches
+from .kernel import JitKernel
 from .specs import Spec
 from .targets import Target
-from .trace import Capture, Variant
+from .trace import Capture, Variant, tracing
 
 
 @dataclass
@@ -29,10 +29,11 @@ class Plan:
     collapse_errors: list[str] = field(default_factory=list)  # collapsed axes that change the variant
     # what planned it: spec files and engine configs, recorded by warm-up so prune can re-plan them
     sources: dict[str, list[str]] = field(default_factory=lambda: {"specs": [], "engine_configs": []})
+    notes: list[str] = field(default_factory=list)  # what tracing had to approximate (autotune pruning)
 
     def merge(self, other: Plan) -> None:
         self.rows += other.rows
-        for name in ("unreachable", "redundant", "errors", "collapse_errors"):
+        for name in ("unreachable", "redundant", "errors", "collapse_errors", "notes"):
             getattr(self, name).extend(getattr(other, name))
         for kind, names in other.sources.items():
             self.sources[kind] = sorted(set(self.sources.get(kind, [])) | set(names))
@@ -45,14 +46,14 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
-                "errors": self.errors, "collapse_errors": self.collapse_errors,
+                "errors": self.errors, "collapse_errors": self.collapse_errors, "notes": self.notes,
                 "variants": [v.to_json() for v in self.variants.values()]}
 
     @classmethod
     def from_json(cls, target: Target, data: dict) -> Plan:
         variants = [Variant.from_json(v) for v in data["variants"]]
         return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
-                   data["redundant"], data["errors"], data["collapse_errors"])
+                   data["redundant"], data["errors"], data["collapse_errors"], notes=data.get("notes", []))
 
 
 def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
@@ -98,12 +99,20 @@ def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
     first line, and the ``@triton.jit`` functions and constexpr globals it uses."""
     keys = {}
     for variant in the_plan.variants.values():
-        if variant.kernel not in keys:
-            keys[variant.kernel] = _source_key(variant.kernel)
+        name = variant.jit_function or variant.kernel  # "module:qualname" for a kernel of capture: all
+        if name not in keys:
+            keys[name] = _source_key(name)
     return keys
 
 
 def _source_key(kernel_name: str) -> str | None:
+    if ":" in kernel_name:
+        from .foreign import find_jit_function
+
+        try:
+            return find_jit_function(kernel_name).cache_key
+        except LookupError:
+            return None
     kernel = JitKernel.lookup(kernel_name)
     return kernel.jit_function.cache_key if kernel is not None else None
 
@@ -114,14 +123,15 @@ def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
     cap.import_path = spec.kernel_path
     rows = spec.rows()
     result.rows = len(rows)
-    with fake_launches(cap, target):
+    with tracing(cap, target, spec.capture_all) as autotune:
         for row in rows:
-            cap.current_row = row.label
+            cap.current_row = autotune.row = row.label
             try:
                 _call(spec, row.values)
             except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
                 result.errors.append(f"{row.label}: {type(e).__name__}: {e}")
     cap.current_row = None
+    result.notes += autotune.notes
     collapsed = {a.name for a in spec.collapsed_axes()}
     seen: list[tuple[dict, set[str]]] = []
     for row in rows:
@@ -160,7 +170,7 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
                 continue
             for sample in spec.collapse_samples(axis, row.values[axis.name], seed=index):
                 probe = Capture()
-                with fake_launches(probe, target):
+                with tracing(probe, target, spec.capture_all):
                     probe.current_row = "probe"
                     try:
                         _call(spec, {**row.values, axis.name: sample})

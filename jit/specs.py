@@ -22,7 +22,9 @@ import yaml
 from .specialization import class_reps, fake_tensor, scalar_class
 from .targets import Target
 
-TOP_LEVEL_FIELDS = {"kernel", "description", "targets", "axes", "groups", "filter", "args"}
+TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "targets", "axes", "groups", "filter",
+                    "args"}
+CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
 TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
 MAX_ENUMERATED_RANGE = 4096
@@ -139,6 +141,8 @@ class Spec:
     args: Any  # dict or list of arg templates
     launcher: Any = field(repr=False, default=None)
     source_sha256: str = ""  # of the whole YAML file: part of the plan store's key
+    capture_all: bool = False  # capture: all — every Triton kernel the launcher reaches, not only JitKernels
+    config: Any = None  # a pinned autotune config: index, mapping or $expression, per row
 
     @property
     def name(self) -> str:
@@ -169,6 +173,10 @@ class Spec:
         """The launcher's (args, kwargs) for one row: meta tensors, dtypes and evaluated scalars."""
         built = _build(self.args, row)
         return (tuple(built), {}) if isinstance(built, list) else ((), built)
+
+    def pinned_config(self, row: dict[str, Any]) -> Any:
+        """The autotune config this row pins (an index or a mapping), or None."""
+        return None if self.config is None else _build(self.config, row)
 
     def collapse_samples(self, axis: Axis, value: int, seed: int) -> list[int]:
         """Other values of ``axis`` in ``value``'s class, to check the collapse is sound."""
@@ -271,10 +279,17 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     for key in data:
         if key not in TOP_LEVEL_FIELDS:
             raise loc.error((key,), f"unknown field (expected one of {', '.join(sorted(TOP_LEVEL_FIELDS))})")
-    kernel_path = data.get("kernel")
+    if "launcher" in data and "kernel" in data:
+        raise loc.error(("kernel",), "give the launcher once: 'launcher:' (or its older name 'kernel:'), not both")
+    launcher_field = "kernel" if "kernel" in data else "launcher"
+    kernel_path = data.get(launcher_field)
     if not isinstance(kernel_path, str):
-        raise loc.error(("kernel",) if "kernel" in data else (), "required: the launcher as 'module:attribute'")
-    launcher = _import_launcher(kernel_path, loc)
+        raise loc.error((launcher_field,) if launcher_field in data else (),
+                        "required: the launcher as 'module:attribute' (any function)")
+    launcher = _import_launcher(kernel_path, loc, launcher_field)
+    capture = data.get("capture", "jitkernels")
+    if capture not in CAPTURE_MODES:
+        raise loc.error(("capture",), f"unknown capture mode {capture!r}: choose one of {', '.join(CAPTURE_MODES)}")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise loc.error(("description",), "must be a string")
@@ -320,7 +335,16 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     if not isinstance(args, (dict, list)):
         raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
     args = _parse_template(args, ("args",), known, loc)
-    spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher)
+    config = None
+    if "config" in data:
+        config = data["config"]
+        if isinstance(config, bool) or not isinstance(config, (int, dict, str)) or (
+                isinstance(config, str) and not config.startswith("$")):
+            raise loc.error(("config",), "a pinned autotune config is an index, a mapping of meta-parameters and "
+                                         "options (e.g. {BLOCK: 128, num_warps: 4}) or a $expression")
+        config = _parse_template(config, ("config",), known, loc)
+    spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher,
+                capture_all=capture == "all", config=config)
     if not spec.rows():
         raise loc.error(("filter",) if filter_expr else (), "the spec has no rows")
     return spec
@@ -420,19 +444,19 @@ def _parse_dtype(value, path, names, loc):
         raise loc.error(path, f"unknown dtype {value!r} (a torch dtype name, e.g. bfloat16)") from None
 
 
-def _import_launcher(kernel_path: str, loc: _Located):
+def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
     module_name, _, attr = kernel_path.partition(":")
     if not module_name or not attr:
-        raise loc.error(("kernel",), f"{kernel_path!r} is not 'module:attribute'")
+        raise loc.error((where,), f"{kernel_path!r} is not 'module:attribute'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise loc.error(("kernel",), f"cannot import {module_name!r}: {e}") from None
+        raise loc.error((where,), f"cannot import {module_name!r}: {e}") from None
     launcher = module
     for part in attr.split("."):
         launcher = getattr(launcher, part, None)
         if launcher is None:
-            raise loc.error(("kernel",), f"unknown kernel: {module_name!r} has no {attr!r}")
+            raise loc.error((where,), f"unknown {where}: {module_name!r} has no {attr!r}")
     if not callable(launcher):
-        raise loc.error(("kernel",), f"{kernel_path!r} is not callable")
+        raise loc.error((where,), f"{kernel_path!r} is not callable")
     return launcher

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
@@ -104,6 +105,94 @@ def resolve_targets(names: str | None) -> list[Target]:
     return list(seen.values())
 
 
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What launchers ask a device (SM count, shared memory, ...), for a representative GPU of a target.
+
+    Host code that sizes grids or picks a block from the device (``torch.cuda.get_device_properties``,
+    Triton's ``driver.active.utils.get_device_properties``) must see the target's answers while it is
+    traced on a build machine, never the build machine's own GPU (or its lack of one).
+    """
+
+    name: str
+    major: int
+    minor: int
+    multi_processor_count: int
+    max_shared_mem: int  # bytes per block, opt-in maximum
+    total_memory: int
+    regs_per_multiprocessor: int = 65536
+    max_threads_per_multi_processor: int = 2048
+    L2_cache_size: int = 50 * 2**20
+    sm_clock_rate: int = 1_980_000  # kHz
+    mem_clock_rate: int = 2_619_000  # kHz
+    mem_bus_width: int = 5120
+    gcnArchName: str = ""
+
+    def triton_dict(self, warp_size: int) -> dict:
+        """The dict Triton's own ``utils.get_device_properties`` returns."""
+        props = {"max_shared_mem": self.max_shared_mem, "max_num_regs": self.regs_per_multiprocessor,
+                 "multiprocessor_count": self.multi_processor_count, "warpSize": warp_size,
+                 "sm_clock_rate": self.sm_clock_rate, "mem_clock_rate": self.mem_clock_rate,
+                 "mem_bus_width": self.mem_bus_width}
+        if self.gcnArchName:
+            props.update(arch=self.gcnArchName, max_threads_per_sm=self.max_threads_per_multi_processor,
+                         cooperativeLaunch=1)
+        return props
+
+    def torch_properties(self, warp_size: int) -> SimpleNamespace:
+        """Stands in for ``torch.cuda.get_device_properties(...)``: the same attribute names."""
+        return SimpleNamespace(**self.__dict__, warp_size=warp_size, is_integrated=False, is_multi_gpu_board=False,
+                               shared_memory_per_block_optin=self.max_shared_mem,
+                               shared_memory_per_multiprocessor=self.max_shared_mem,
+                               shared_memory_per_block=min(self.max_shared_mem, 49152))
+
+
+_GiB = 2**30
+# One representative GPU per target (the one a serving fleet most often has).
+DEVICES: dict[str, DeviceProperties] = {
+    "sm80": DeviceProperties("NVIDIA A100-SXM4-80GB", 8, 0, 108, 166912, 80 * _GiB, L2_cache_size=40 * 2**20),
+    "sm86": DeviceProperties("NVIDIA GeForce RTX 3090", 8, 6, 82, 101376, 24 * _GiB,
+                             max_threads_per_multi_processor=1536, L2_cache_size=6 * 2**20, mem_bus_width=384),
+    "sm89": DeviceProperties("NVIDIA L40S", 8, 9, 142, 101376, 48 * _GiB, max_threads_per_multi_processor=1536,
+                             L2_cache_size=96 * 2**20, mem_bus_width=384),
+    "sm90": DeviceProperties("NVIDIA H100 80GB HBM3", 9, 0, 132, 232448, 80 * _GiB),
+    "sm100": DeviceProperties("NVIDIA B200", 10, 0, 148, 232448, 180 * _GiB, L2_cache_size=126 * 2**20,
+                              mem_bus_width=8192),
+    "sm120": DeviceProperties("NVIDIA GeForce RTX 5090", 12, 0, 170, 101376, 32 * _GiB,
+                              max_threads_per_multi_processor=1536, L2_cache_size=96 * 2**20, mem_bus_width=512),
+    "gfx90a": DeviceProperties("AMD Instinct MI250X", 9, 0, 110, 65536, 64 * _GiB, L2_cache_size=8 * 2**20,
+                               mem_bus_width=4096, gcnArchName="gfx90a:sramecc+:xnack-"),
+    "gfx942": DeviceProperties("AMD Instinct MI300X", 9, 4, 304, 65536, 192 * _GiB, L2_cache_size=4 * 2**20,
+                               mem_bus_width=8192, gcnArchName="gfx942:sramecc+:xnack-"),
+    "gfx950": DeviceProperties("AMD Instinct MI355X", 9, 5, 256, 163840, 288 * _GiB, L2_cache_size=4 * 2**20,
+                               mem_bus_width=8192, gcnArchName="gfx950:sramecc+:xnack-"),
+}
+
+
+def device_properties(target: Target) -> DeviceProperties:
+    known = DEVICES.get(target.name)
+    if known is not None:
+        return known
+    if target.is_nvidia:
+        major, minor = divmod(int(target.arch), 10)
+        return DeviceProperties(f"sm{target.arch}", major, minor, 132, 101376, 80 * _GiB)
+    return DeviceProperties(str(target.arch), 9, 4, 304, 65536, 192 * _GiB, gcnArchName=str(target.arch))
+
+
+class NoBenchmarkError(RuntimeError):
+    """An autotuner wanted to benchmark where no kernel may run."""
+
+
+class _TargetUtils:
+    """The part of a driver's ``utils`` launchers query: device properties, for the target."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def get_device_properties(self, device=None) -> dict:
+        return device_properties(self.target).triton_dict(self.target.warp_size)
+
+
 class TargetOnlyDriver:
     """Answers what Triton's compile path asks a driver; launches nothing.
 
@@ -129,6 +218,45 @@ class TargetOnlyDriver:
     def is_active(self) -> bool:
         return True
 
+    @property
+    def utils(self) -> _TargetUtils:
+        return _TargetUtils(self.target)
+
+    def get_active_torch_device(self):
+        import torch
+
+        return torch.device("meta")
+
+    def get_device_interface(self):
+        import torch
+
+        return torch.cuda
+
+    def map_python_to_cpp_type(self, ty: str) -> str:
+        from triton.backends.nvidia.driver import ty_to_cpp
+
+        return ty_to_cpp(ty)
+
+    def get_benchmarker(self):
+        """Triton's autotuner asks for this before it benchmarks; under this driver nothing may run,
+        so the benchmarker refuses with the ways to give the autotuner its winner instead."""
+        target = self.target.name
+
+        def refuse(kernel_call, *args, **kwargs):
+            raise NoBenchmarkError(
+                f"an autotuner wanted to benchmark on {target}, where no kernel runs: pin a config in the "
+                "spec (config:) or run `tritonwarm tune --target local` on that GPU")
+
+        return refuse
+
+    def get_empty_cache_for_benchmark(self):
+        import torch
+
+        return torch.empty(0, device="meta")
+
+    def clear_cache(self, cache) -> None:
+        return None
+
 
 _driver_lock = threading.RLock()
 
@@ -144,3 +272,43 @@ def target_driver(target: Target):
             yield fake
         finally:
             driver._active = previous
+
+
+@contextlib.contextmanager
+def target_device_answers(target: Target):
+    """Inside the block, host code asking torch about "the" GPU gets ``target``'s answers.
+
+    Covers ``torch.cuda.get_device_properties / get_device_capability / get_device_name /
+    current_device / current_stream / device_count`` and ``torch.version.hip`` / ``torch.version.cuda``
+    (``is_hip()``-style checks); Triton's own ``driver.active`` questions are answered by
+    ``TargetOnlyDriver``. Everything is put back on exit.
+    """
+    import torch
+
+    props = device_properties(target)
+    stream = SimpleNamespace(cuda_stream=0, stream_id=0, device_index=0, device=torch.device("meta"),
+                             synchronize=lambda: None, wait_stream=lambda *a: None, query=lambda: True)
+    answers = {
+        "get_device_properties": lambda device=None: props.torch_properties(target.warp_size),
+        "get_device_capability": lambda device=None: (props.major, props.minor),
+        "get_device_name": lambda device=None: props.name,
+        "current_device": lambda: 0,
+        "current_stream": lambda device=None: stream,
+        "default_stream": lambda device=None: stream,
+        "device_count": lambda: 1,
+    }
+    versions = {"hip": None if target.is_nvidia else "6.2.0", "cuda": "12.8" if target.is_nvidia else None}
+    with _driver_lock:
+        saved = {name: getattr(torch.cuda, name) for name in answers}
+        saved_versions = {name: getattr(torch.version, name, None) for name in versions}
+        for name, fn in answers.items():
+            setattr(torch.cuda, name, fn)
+        for name, value in versions.items():
+            setattr(torch.version, name, value)
+        try:
+            yield props
+        finally:
+            for name, fn in saved.items():
+                setattr(torch.cuda, name, fn)
+            for name, value in saved_versions.items():
+                setattr(torch.version, name, value)

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from triton import knobs
+from triton.runtime.jit import JITFunction
 
+from .foreign import ForeignKernel, kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
-from .targets import Target
+from .targets import Target, target_device_answers
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Variant:
     rows: list[str] = field(default_factory=list)  # spec rows that produce it
     import_path: str = ""  # module to import so that the kernel is defined (worker processes)
     entry_name: str = ""  # the kernel function's name: Triton names the entry's files after it
+    jit_function: str = ""  # "module:qualname" of a kernel that is no JitKernel (captured by capture: all)
 
     @property
     def variant_id(self) -> str:
@@ -67,6 +70,7 @@ class Variant:
             "rows": self.rows,
             "import_path": self.import_path,
             "entry_name": self.entry_name,
+            "jit_function": self.jit_function,
             "specialization_data": self.specialization_data,
         }
 
@@ -83,6 +87,18 @@ class Capture(FakeLaunchSink):
         self.import_path: str = ""
         self.row_keys: dict[str, set[str]] = {}  # row label -> cache hashes it launches
         self.launches = 0
+        self.foreign: dict[int, JITFunction] = {}  # kernels reached by capture: all, by identity
+
+    def any_kernel_hook(self, target: Target):
+        """Triton's ``jit_cache_hook`` for ``capture: all``: record every compile request, compile nothing."""
+
+        def hook(*, key, fn, compile, **_):
+            jit_function = fn.jit_function
+            self.foreign[id(jit_function)] = jit_function
+            self._record(kernel_for(jit_function), target, compile)
+            return True
+
+        return hook
 
     def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
         seen: list[dict] = []
@@ -102,7 +118,7 @@ class Capture(FakeLaunchSink):
         for request in seen:
             self._record(kernel, target, request)
 
-    def _record(self, kernel: JitKernel, target: Target, request: dict) -> None:
+    def _record(self, kernel: JitKernel | ForeignKernel, target: Target, request: dict) -> None:
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
         if variant is None:
@@ -117,6 +133,7 @@ class Capture(FakeLaunchSink):
                 cache_hash=_memoized_disk_cache_hash(kernel, target, request, key),
                 import_path=self.import_path,
                 entry_name=kernel.fn.__name__,
+                jit_function=getattr(kernel, "locator", ""),
             )
             self.variants[(kernel.name, key)] = variant
         if self.current_row is not None:
@@ -126,21 +143,42 @@ class Capture(FakeLaunchSink):
 
 
 @contextlib.contextmanager
-def capture(target: Target):
+def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=None):
+    """Fake launches into ``cap`` for ``target``: JitKernels always; with ``all_kernels`` every
+    ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
+    packages' kernels), through Triton's own hook, with device questions answered for the target."""
+    from .autotune import AutotuneState, autotune_mode
+
+    state = autotune if autotune is not None else AutotuneState()
+    with contextlib.ExitStack() as stack:
+        fake_driver = stack.enter_context(fake_launches(cap, target))
+        stack.enter_context(autotune_mode(state))
+        if all_kernels:
+            stack.enter_context(target_device_answers(target))
+            stack.enter_context(_hook_lock)
+            previous = knobs.runtime.jit_cache_hook
+            knobs.runtime.jit_cache_hook = cap.any_kernel_hook(target)
+            stack.callback(setattr, knobs.runtime, "jit_cache_hook", previous)
+            stack.callback(lambda: [f.device_caches.pop(fake_driver.device, None) for f in cap.foreign.values()])
+        yield state
+
+
+@contextlib.contextmanager
+def capture(target: Target, all_kernels: bool = False):
     """``with capture(target) as cap: launcher(fake inputs)`` → ``cap.variants``."""
     cap = Capture()
-    with fake_launches(cap, target):
+    with tracing(cap, target, all_kernels):
         yield cap
 
 
-def trace_call(target: Target, fn: Callable, *args, **kwargs) -> list[Variant]:
+def trace_call(target: Target, fn: Callable, *args, all_kernels: bool = False, **kwargs) -> list[Variant]:
     """The variants one call of a launcher (or a ``JitKernel``) needs on ``target``."""
-    with capture(target) as cap:
+    with capture(target, all_kernels) as cap:
         fn(*args, **kwargs)
     return list(cap.variants.values())
 
 
-def readable_args(kernel: JitKernel, request: dict) -> dict[str, str]:
+def readable_args(kernel: JitKernel | ForeignKernel, request: dict) -> dict[str, str]:
     """Each parameter's class as Triton specialized it, from Triton's own signature and attributes."""
     signature: dict[str, Any] = request["signature"]
     constants = {_path(k): v for k, v in request["constants"].items()}

@@ -1,0 +1,82 @@
+"""Kernels that are no ``JitKernel``: a plain ``@triton.jit`` function of any package, found again by name.
+
+``capture: all`` and ``record`` see such kernels only through Triton's hook; compiling their variants
+later (in another process, for another target) needs the ``JITFunction`` back. It is located by
+``module:qualname`` of its Python function, which a ``Variant`` records.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+
+from triton.runtime.jit import JITFunction
+
+_seen: dict[str, JITFunction] = {}  # locator -> kernel, for kernels defined where import cannot reach
+_seen_lock = threading.Lock()
+
+
+class ForeignKernel:
+    """What tracing and compiling need of a kernel: the same attributes a ``JitKernel`` offers."""
+
+    def __init__(self, jit_function: JITFunction):
+        self.jit_function = jit_function
+        self.fn = jit_function.fn
+        self.locator = locator(jit_function)
+        self.name = f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+    @property
+    def constexpr_names(self) -> set[str]:
+        return {p.name for p in self.jit_function.params if p.is_constexpr}
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.jit_function.params]
+
+    def __repr__(self) -> str:
+        return f"ForeignKernel({self.locator})"
+
+
+def locator(jit_function: JITFunction) -> str:
+    return f"{jit_function.fn.__module__}:{jit_function.fn.__qualname__}"
+
+
+def kernel_for(jit_function: JITFunction):
+    """The ``JitKernel`` built on ``jit_function`` if there is one, else a ``ForeignKernel``."""
+    from .kernel import JitKernel
+
+    for kernel in JitKernel.registry():
+        if kernel.jit_function is jit_function:
+            return kernel
+    with _seen_lock:
+        _seen.setdefault(locator(jit_function), jit_function)
+    return ForeignKernel(jit_function)
+
+
+def find_jit_function(where: str) -> JITFunction:
+    """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``)."""
+    from .autotune import base_jit_function
+
+    with _seen_lock:
+        known = _seen.get(where)
+    if known is not None:
+        return known
+    module_name, _, qualname = where.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
+    candidates = [module]
+    obj = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            break
+    candidates = [obj] if obj is not None else []
+    candidates += list(vars(module).values())  # a kernel bound under another name
+    for candidate in candidates:
+        found = candidate if isinstance(candidate, JITFunction) else base_jit_function(candidate)
+        if found is not None and found.fn.__qualname__ == qualname and found.fn.__module__ == module_name:
+            return found
+    raise LookupError(f"kernel {where}: {module_name!r} defines no @triton.jit function {qualname!r} "
+                      "at module level")
