@@ -16,12 +16,16 @@ import os
 import sys
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-del sys.modules["sitecustomize"]
+_this = sys.modules.pop("sitecustomize", None)
+_path = list(sys.path)
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(_here)]
 try:  # the sitecustomize this one shadows, if there is one
     import sitecustomize  # noqa: F401
 except ImportError:
     pass
+finally:
+    sys.path[:] = _path
+    sys.modules["sitecustomize"] = _this  # the import system looks itself up when this file ends
 from tritonwarm.jit.record import install_from_env
 
 install_from_env()

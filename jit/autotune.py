@@ -205,7 +205,8 @@ def _pin(self: Autotuner, args, kwargs, configs: list[Config], state: AutotuneSt
         return
     winner = as_config(state.pinned, configs, where, self.configs)
     if winner.pre_hook is not None or any(c.pre_hook for c in configs):
-        raise ValueError(f"{where}: a config has a pre_hook: Triton never stores winners for it, so it cannot be pinned")
+        raise ValueError(f"{where}: a config has a pre_hook: Triton never stores winners for it, "
+                         "so it cannot be pinned")
 
     def timings(*_, config, **__):
         return [0.0, 0.0, 0.0] if config == winner else [math.inf, math.inf, math.inf]
@@ -244,6 +245,8 @@ def _tune(self: Autotuner, args, kwargs):
     saved_cache, saved_flag = dict(self.cache), self.cache_results
     self.cache.clear()
     self.cache_results = True
+    if self._do_bench is None:  # a benchmarker cached under another driver: ask the GPU's own again
+        self.__dict__.pop("do_bench", None)
     token = _in_real_tune.set(True)
     try:
         result = _original_run(self, *real_args, **real_kwargs)

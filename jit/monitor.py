@@ -2,8 +2,9 @@
 
 Two ways to run the same check:
 
-- ``monitor.serving()`` on a GPU: Triton calls ``jit_cache_hook`` whenever a launch misses its
-  in-memory cache, i.e. when it is about to load from disk *or* compile. The monitor computes the
+- ``monitor.serving()`` on a GPU: Triton calls ``jit_cache_hook`` whenever a launch of *any* Triton
+  kernel in the process (ours or another package's) misses its in-memory cache, i.e. when it is about
+  to load from disk *or* compile. The monitor computes the
   disk-cache entry Triton will look for and records a hit or a miss; a miss under policy ``error``
   raises before anything compiles, under ``warn`` it is logged and compiled.
 - ``monitor.dry_run(target)``: the engine's own code runs on meta tensors under the target-only
@@ -24,6 +25,7 @@ from pathlib import Path
 from triton import knobs
 
 from .cache import entry_files
+from .foreign import kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .targets import Target, target_from_gpu_target
 from .trace import Capture, Variant, _hook_lock
@@ -130,10 +132,7 @@ class DispatchMonitor:
         started: dict[str, float] = {}
 
         def on_compile_request(*, key, fn, compile, **_):
-            jit_function = fn.jit_function
-            kernel = next((k for k in JitKernel.registry() if k.jit_function is jit_function), None)
-            if kernel is None:  # not one of ours: leave it to Triton
-                return False
+            kernel = kernel_for(fn.jit_function)  # a JitKernel, or any other package's Triton kernel
             target = target_from_gpu_target(driver.active.get_current_target())
             variant = Variant(kernel.name, target.name, str(key), compile["specialization_data"],
                               readable_args(kernel, compile), int(compile["num_warps"]), int(compile["num_stages"]),

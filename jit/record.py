@@ -44,9 +44,9 @@ _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_
 _LARGE = 2**31 + 16  # elements: past the 2 GiB pointer range the HIP backend specializes on
 
 
-def launch_row(specialization_data: str, where: str) -> dict:
-    """Triton's serialized compile request → a replayable launch: ``{"kernel", "call"}``."""
-    from triton.backends.compiler import GPUTarget
+def launch_row(specialization_data: str, where: str, target) -> dict:
+    """Triton's serialized compile request for ``target`` (a ``GPUTarget``) → a replayable launch:
+    ``{"kernel", "call"}``."""
     from triton.compiler.compiler import make_backend
 
     if where.startswith("__main__:"):
@@ -73,7 +73,7 @@ def launch_row(specialization_data: str, where: str) -> dict:
         if ty.startswith("*"):
             if ty[1:] not in _TORCH_DTYPES:
                 raise ValueError(f"{where}: pointer type {ty!r} of {name!r} cannot be recorded")
-            large = data["target"]["backend"] == "hip" and "tt.pointer_range" not in names
+            large = target.backend == "hip" and "tt.pointer_range" not in names
             args.append({"ptr": ty[1:], "aligned": aligned, **({"large": True} if large else {})})
         elif (ty, aligned) in _INT_REPS:
             args.append({"int": ty, "div16": aligned})
@@ -83,12 +83,11 @@ def launch_row(specialization_data: str, where: str) -> dict:
             args.append({"bool": True})
         else:
             raise ValueError(f"{where}: argument {name!r} of type {ty!r} cannot be recorded")
-    target = data["target"]
-    defaults = make_backend(GPUTarget(target["backend"], target["arch"], target["warp_size"])).parse_options({})
+    defaults = make_backend(target).parse_options({})
     options = {k: v for k, v in data["options"].items()
                if k in _LAUNCH_OPTIONS and (k == "num_warps" or getattr(defaults, k, None) != v)}
     return {"kernel": where, "call": {"args": args, "constexprs": constexprs, "options": options,
-                                      "backend": target["backend"]}}
+                                      "backend": target.backend}}
 
 
 def _fake_arg(spec: dict):
@@ -164,9 +163,9 @@ class _Recorder:
         self.capture = None
         self._lock = threading.Lock()
 
-    def add(self, specialization_data: str, where: str) -> None:
+    def add(self, specialization_data: str, where: str, target) -> None:
         try:
-            row = launch_row(specialization_data, where)
+            row = launch_row(specialization_data, where, target)
         except Exception as e:
             self.errors.append(f"{where}: {e}")
             return
@@ -176,11 +175,12 @@ class _Recorder:
     def flush(self) -> None:
         if self.capture is not None:
             from .kernel import JitKernel
+            from .targets import TARGETS
 
             for variant in self.capture.variants.values():
                 kernel = JitKernel.lookup(variant.kernel)
                 where = variant.jit_function or (locator(kernel.jit_function) if kernel else "")
-                self.add(variant.specialization_data, where)
+                self.add(variant.specialization_data, where, TARGETS[variant.target].gpu_target)
         with open(self.out, "a") as f:
             for row in self.rows.values():
                 f.write(json.dumps(row) + "\n")
@@ -188,18 +188,25 @@ class _Recorder:
                 f.write(json.dumps({"error": error}) + "\n")
 
 
+_installed = False
+
+
 def install_from_env() -> None:
     """Called at start-up of a recorded process: install the hook (and for a dry run, the target)."""
+    global _installed
     out = os.environ.get(OUT_ENV)
-    if not out:
+    if not out or _installed:
         return
+    _installed = True
     from triton import knobs
 
     target_name = os.environ.get(TARGET_ENV) or None
     recorder = _Recorder(out, target_name)
     if target_name is None:
+        from triton.runtime.driver import driver
+
         def watch(*, key, fn, compile, **_):
-            recorder.add(compile["specialization_data"], locator(fn.jit_function))
+            recorder.add(compile["specialization_data"], locator(fn.jit_function), driver.active.get_current_target())
             return False
 
         knobs.runtime.jit_cache_hook = watch

@@ -1,0 +1,158 @@
+"""``@triton.autotune`` / ``@triton.heuristics`` kernels as JitKernels: every pruned config warmed, winners
+pinned where Triton's autotuner reads them, and Triton's own ``Autotuner.run`` then compiling and
+benchmarking nothing."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from tritonwarm.examples import inhouse_autotuned as ex
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.autotune import pin_winners, probe_winners
+from tritonwarm.jit.compile import triton_cache_dir
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.targets import NoBenchmarkError, target_driver
+from tritonwarm.jit.warmup import warm
+
+SPEC = ex.__file__.replace(".py", ".yaml")
+
+
+def _expected_variants(n_cols_values):
+    """(n_cols, BLOCK, num_warps, EVEN) for every config Triton's own pruning keeps, per row."""
+    autotuner = ex.scale_rows_kernel
+    out = set()
+    for n in n_cols_values:
+        autotuner.nargs = {"n_cols": n}
+        try:
+            configs = autotuner.prune_configs({})
+        finally:
+            autotuner.nargs = None
+        for c in configs:
+            out.add((n, c.kwargs["BLOCK"], c.num_warps, n % c.kwargs["BLOCK"] == 0))
+    return out
+
+
+def _planned(the_plan):
+    got = set()
+    for v in the_plan.variants.values():
+        n = 4096 if v.args["n_cols"] == "i32:div16" else 1000
+        got.add((n, int(v.args["BLOCK"][1:]), v.num_warps, v.args["EVEN"] == "=True"))
+    return got
+
+
+def _runtime(target, cache_dir, n_cols):
+    """Triton's own Autotuner.run → Heuristics.run → JITFunction.run, as a server calls it (no launch)."""
+    x = fake_tensor((32, n_cols), torch.bfloat16)
+    scale = fake_tensor((32,), torch.float32)
+    autotuner = ex.scale_rows_kernel
+    autotuner.cache.clear()  # a fresh serving process
+    with target_driver(target) as fake, triton_cache_dir(cache_dir):
+        try:
+            autotuner.run(x, scale, x, n_cols, x.stride(0), x.stride(0), grid=(32,), warmup=True)
+        finally:
+            _base(autotuner).device_caches.pop(fake.device, None)
+            autotuner.__dict__.pop("do_bench", None)
+    return autotuner.best_config
+
+
+def _base(kernel):
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+@pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
+def test_every_pruned_config_warmed_and_pinned_winner_needs_no_compile_or_benchmark(
+        target_name, tmp_path, compile_counter, monkeypatch):
+    target = TARGETS[target_name]
+    specs = load_specs([SPEC])
+    the_plan = plan(specs, target)
+    assert not the_plan.errors and not the_plan.notes
+    assert _planned(the_plan) == _expected_variants([1000, 4096])
+
+    result = warm(the_plan, tmp_path)
+    assert result.failed == 0 and result.compiled == len(the_plan.variants)
+
+    unknown = probe_winners(specs, target, tmp_path).unknown
+    assert len(unknown) == 2 and all("no stored winner" in u for u in unknown)
+    stored = pin_winners(specs, target, tmp_path)
+    assert not stored.errors and len(stored.stored) == 2
+    assert probe_winners(specs, target, tmp_path).unknown == []
+
+    def no_benchmark(*args, **kwargs):
+        raise AssertionError("the autotuner benchmarked")
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", no_benchmark)
+    compile_counter.count = 0
+    # config: "$0 if n_cols < 4096 else 2" (indices into the declared configs)
+    assert _runtime(target, tmp_path, 1000) == ex.scale_rows_kernel.configs[0]
+    assert _runtime(target, tmp_path, 4096) == ex.scale_rows_kernel.configs[2]
+    assert compile_counter.count == 0
+
+
+def test_target_only_driver_refuses_to_benchmark_without_a_winner(tmp_path, compile_counter):
+    with pytest.raises(NoBenchmarkError, match="pin a config"):
+        _runtime(TARGETS["sm90"], tmp_path, 1000)
+
+
+def test_repinning_replaces_the_stored_winner(tmp_path):
+    target = TARGETS["sm90"]
+    spec_file = tmp_path / "s.yaml"
+    text = open(SPEC).read()
+    spec_file.write_text(text)
+    assert not pin_winners(load_specs([spec_file]), target, tmp_path).errors
+    spec_file.write_text(text.replace('config: "$0 if n_cols < 4096 else 2"', "config: {BLOCK: 256, num_warps: 2}"))
+    assert not pin_winners(load_specs([spec_file]), target, tmp_path).errors
+    files = sorted(tmp_path.rglob("*.autotune.json"))
+    assert len(files) == 2
+    assert _runtime_config_only(target, tmp_path, 4096) == ex.scale_rows_kernel.configs[1]
+
+
+def _runtime_config_only(target, cache_dir, n_cols):
+    """The winner Triton's autotuner picks, with every compile skipped (nothing warmed here)."""
+    from triton import knobs
+
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda **_: True
+    try:
+        return _runtime(target, cache_dir, n_cols)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+
+
+def test_pinned_config_must_survive_pruning(tmp_path):
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(open(SPEC).read().replace('config: "$0 if n_cols < 4096 else 2"', "config: 3"))
+    report = pin_winners(load_specs([spec_file]), TARGETS["sm90"], tmp_path)
+    assert len(report.errors) == 1 and "n_cols=1000" in report.errors[0] and "not among" in report.errors[0]
+
+
+def test_jitkernel_runs_an_autotuned_heuristics_kernel_in_the_interpreter():
+    x = torch.randn(3, 1000)
+    scale = torch.randn(3)
+    torch.testing.assert_close(ex.scale_rows(x, scale), x * scale[:, None])
+
+
+def _prune_reading_data(configs, named_args, **kwargs):
+    return [c for c in configs if c.kwargs["BLOCK"] <= int(named_args["x_ptr"].abs().max().item())]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
+                 key=["n"], prune_configs_by={"early_config_prune": _prune_reading_data})
+@triton.jit
+def _data_pruned_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+def test_pruning_that_needs_data_keeps_every_config_with_a_note():
+    from tritonwarm.jit.trace import Capture, tracing
+
+    cap = Capture()
+    with tracing(cap, TARGETS["sm90"], all_kernels=True) as state:
+        _data_pruned_kernel[(1,)](fake_tensor((100,), torch.float32), 100)
+    assert sorted(v.args["BLOCK"] for v in cap.variants.values()) == ["=128", "=32", "=64"]
+    assert len(state.notes) == 1 and "prune_configs_by" in state.notes[0]
+    assert _data_pruned_kernel.cache == {}  # tracing leaves the autotuner's winners alone

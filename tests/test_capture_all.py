@@ -1,0 +1,103 @@
+"""``capture: all``: a module that launches ``kernel[grid](...)`` itself (autotuned and heuristic kernels
+included) is warmed with no JitKernel, then Triton's own launch path finds every variant: 0 compiles."""
+
+import contextlib
+
+import pytest
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+from tritonwarm.examples import thirdparty_ops as ops
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.autotune import probe_winners
+from tritonwarm.jit.compile import triton_cache_dir
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import SpecError, load_specs
+from tritonwarm.jit.targets import target_device_answers, target_driver
+from tritonwarm.jit.trace import trace_call
+from tritonwarm.jit.warmup import warm
+
+SPEC = ops.__file__.replace(".py", ".yaml")
+
+
+@contextlib.contextmanager
+def serving_without_launching(target, cache_dir, monkeypatch):
+    """Triton's own ``JITFunction.run`` for ``target`` reading ``cache_dir``; only the launch itself is
+    skipped (``warmup=True``), as no GPU is here. Fresh in-memory caches, as in a new process."""
+    original = JITFunction.run
+
+    def run_without_launch(self, *args, grid, warmup, **kwargs):
+        return original(self, *args, grid=grid, warmup=True, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", run_without_launch)
+    monkeypatch.setattr(ops.bias_gelu_kernel, "cache_results", True)  # what TRITON_CACHE_AUTOTUNING=1 does
+    ops.bias_gelu_kernel.cache.clear()
+    with target_driver(target) as fake, target_device_answers(target), triton_cache_dir(cache_dir):
+        try:
+            yield
+        finally:
+            for kernel in (ops.softmax_kernel, ops.bias_gelu_kernel.fn.fn):
+                kernel.device_caches.pop(fake.device, None)
+
+
+def test_device_questions_get_the_targets_answers_and_are_restored():
+    before = torch.cuda.get_device_properties, torch.version.hip
+    x, bias = fake_tensor((64, 3000), torch.bfloat16), fake_tensor((3000,), torch.bfloat16)
+    warps = {}
+    for name in ("sm90", "gfx942"):
+        variants = trace_call(TARGETS[name], ops.softmax, x, all_kernels=True)
+        assert [v.jit_function for v in variants] == ["tritonwarm.examples.thirdparty_ops:softmax_kernel"]
+        warps[name] = variants[0].num_warps
+    assert warps == {"sm90": 8, "gfx942": 16}  # the module's own is_hip() branch, answered per target
+    assert (torch.cuda.get_device_properties, torch.version.hip) == before
+    assert len(trace_call(TARGETS["sm90"], ops.mlp_block, x, bias, all_kernels=True)) == 3  # 2 configs + softmax
+
+
+def test_capture_all_warms_a_module_that_launches_itself_then_it_runs_with_zero_compiles(
+        tmp_path, compile_counter, monkeypatch):
+    target = TARGETS["sm90"]
+    specs = load_specs([SPEC])
+    the_plan = plan(specs, target)
+    assert not the_plan.errors and not the_plan.unreachable
+    kernels = {v.jit_function for v in the_plan.variants.values()}
+    assert kernels == {"tritonwarm.examples.thirdparty_ops:softmax_kernel",
+                       "tritonwarm.examples.thirdparty_ops:bias_gelu_kernel"}
+    result = warm(the_plan, tmp_path)
+    assert result.failed == 0 and result.compiled == len(the_plan.variants)
+
+    # the autotuned kernel has no winner yet: check says so; pin one per row (here: the first config)
+    unknown = probe_winners(specs, target, tmp_path).unknown
+    assert len(unknown) == 4 and all("bias_gelu_kernel" in u for u in unknown)
+    spec_file = tmp_path / "pinned.yaml"
+    spec_file.write_text(open(SPEC).read() + "config: 0\n")
+    from tritonwarm.jit.autotune import pin_winners
+
+    assert not pin_winners(load_specs([spec_file]), target, tmp_path).errors
+
+    def no_benchmark(*args, **kwargs):
+        raise AssertionError("the autotuner benchmarked")
+
+    monkeypatch.setattr(triton.runtime.autotuner.Autotuner, "_bench", no_benchmark)
+    compile_counter.count = 0
+    with serving_without_launching(target, tmp_path, monkeypatch):
+        for tokens in (1, 64):
+            for hidden in (1024, 3000):
+                ops.mlp_block(fake_tensor((tokens, hidden), torch.bfloat16), fake_tensor((hidden,), torch.bfloat16))
+    assert compile_counter.count == 0
+    assert ops.bias_gelu_kernel.best_config == ops.bias_gelu_kernel.configs[0]
+
+
+def test_launcher_field_and_kernel_alias(tmp_path):
+    text = open(SPEC).read()
+    alias = tmp_path / "alias.yaml"
+    alias.write_text(text.replace("launcher:", "kernel:"))
+    assert load_specs([alias])[0].capture_all
+    both = tmp_path / "both.yaml"
+    both.write_text("kernel: tritonwarm.examples.thirdparty_ops:softmax\n" + text)
+    with pytest.raises(SpecError, match="kernel: give the launcher once"):
+        load_specs([both])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("capture: all", "capture: everything"))
+    with pytest.raises(SpecError, match=r"bad.yaml:\d+: capture: unknown capture mode 'everything'"):
+        load_specs([bad])
