@@ -6,7 +6,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from tritonwarm.examples import inhouse_autotuned as ex
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.autotune import pin_winners, probe_winners

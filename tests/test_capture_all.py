@@ -7,7 +7,6 @@ import pytest
 import torch
 import triton
 from triton.runtime.jit import JITFunction
-
 from tritonwarm.examples import thirdparty_ops as ops
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.autotune import probe_winners

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tritonwarm.examples import serve_prog
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_files
