@@ -100,3 +100,21 @@ def test_launcher_field_and_kernel_alias(tmp_path):
     bad.write_text(text.replace("capture: all", "capture: everything"))
     with pytest.raises(SpecError, match=r"bad.yaml:\d+: capture: unknown capture mode 'everything'"):
         load_specs([bad])
+
+
+def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypatch):
+    from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+
+    target = TARGETS["sm90"]
+    x = fake_tensor((64, 1024), torch.bfloat16)  # a shape the spec names
+    monitor = DispatchMonitor(tmp_path, policy="error")
+    with serving_without_launching(target, tmp_path, monkeypatch), monitor.serving():
+        with pytest.raises(JitPolicyError, match="softmax_kernel would compile at serving time"):
+            ops.softmax(x)
+    assert [d.kernel for d in monitor.misses] == ["tritonwarm.examples.thirdparty_ops.softmax_kernel"]
+
+    assert warm(plan(load_specs([SPEC]), target), tmp_path).failed == 0
+    monitor = DispatchMonitor(tmp_path, policy="error")
+    with serving_without_launching(target, tmp_path, monkeypatch), monitor.serving():
+        ops.softmax(x)
+    assert monitor.misses == [] and monitor.hits == 1
