@@ -397,7 +397,7 @@ def _measuring(target, state: AutotuneState):
     def skip_unless_measuring(**_):
         return not _in_real_tune.get()
 
-    with _hook_lock, autotune_mode(state):
+    with _hook_lock, autotune_mode(state), _meta_device_is_this_gpu():
         previous = knobs.runtime.jit_cache_hook
         knobs.runtime.jit_cache_hook = skip_unless_measuring
         token = kernel_module._fake_mode.set((TuneSink(), target))
@@ -406,3 +406,29 @@ def _measuring(target, state: AutotuneState):
         finally:
             kernel_module._fake_mode.reset(token)
             knobs.runtime.jit_cache_hook = previous
+
+
+@contextlib.contextmanager
+def _meta_device_is_this_gpu():
+    """Launchers run on meta tensors here and ask ``torch.cuda.get_device_properties(x.device)``:
+    answer for this machine's GPU."""
+    import torch
+
+    names = ("get_device_properties", "get_device_capability", "get_device_name")
+    saved = {name: getattr(torch.cuda, name) for name in names}
+
+    def on_this_gpu(original):
+        def answer(device=None):
+            if isinstance(device, torch.device) and device.type == "meta":
+                device = None
+            return original(device)
+
+        return answer
+
+    for name in names:
+        setattr(torch.cuda, name, on_this_gpu(saved[name]))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)

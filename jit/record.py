@@ -44,9 +44,9 @@ _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_
 _LARGE = 2**31 + 16  # elements: past the 2 GiB pointer range the HIP backend specializes on
 
 
-def launch_row(specialization_data: str, where: str, target) -> dict:
-    """Triton's serialized compile request for ``target`` (a ``GPUTarget``) → a replayable launch:
-    ``{"kernel", "call"}``."""
+def launch_row(specialization_data: str, where: str, target, key: str | None = None) -> dict:
+    """Triton's serialized compile request for ``target`` (a ``GPUTarget``) and its in-memory ``key``
+    → a replayable launch: ``{"kernel", "call"}``."""
     from triton.compiler.compiler import make_backend
 
     if where.startswith("__main__:"):
@@ -83,11 +83,27 @@ def launch_row(specialization_data: str, where: str, target) -> dict:
             args.append({"bool": True})
         else:
             raise ValueError(f"{where}: argument {name!r} of type {ty!r} cannot be recorded")
-    defaults = make_backend(target).parse_options({})
-    options = {k: v for k, v in data["options"].items()
-               if k in _LAUNCH_OPTIONS and (k == "num_warps" or getattr(defaults, k, None) != v)}
+    options = _passed_options(key)
+    if options is None:  # no key to read them from: the options that differ from the backend's defaults
+        defaults = make_backend(target).parse_options({})
+        options = {k: v for k, v in data["options"].items()
+                   if k in _LAUNCH_OPTIONS and (k == "num_warps" or getattr(defaults, k, None) != v)}
     return {"kernel": where, "call": {"args": args, "constexprs": constexprs, "options": options,
                                       "backend": target.backend}}
+
+
+def _passed_options(key: str | None) -> dict | None:
+    """The options the launch passed (``num_stages=3`` from an autotune config, say), as Triton's
+    in-memory key lists them after the argument classes; None when the key cannot be read."""
+    import ast
+
+    if not key or "]{" not in key:
+        return None
+    try:
+        passed = ast.literal_eval(key[key.rindex("]{") + 1:])
+    except (ValueError, SyntaxError):
+        return None
+    return {k: v for k, v in passed.items() if k in _LAUNCH_OPTIONS}
 
 
 def _fake_arg(spec: dict):
@@ -163,9 +179,9 @@ class _Recorder:
         self.capture = None
         self._lock = threading.Lock()
 
-    def add(self, specialization_data: str, where: str, target) -> None:
+    def add(self, specialization_data: str, where: str, target, key: str | None = None) -> None:
         try:
-            row = launch_row(specialization_data, where, target)
+            row = launch_row(specialization_data, where, target, key)
         except Exception as e:
             self.errors.append(f"{where}: {e}")
             return
@@ -180,7 +196,7 @@ class _Recorder:
             for variant in self.capture.variants.values():
                 kernel = JitKernel.lookup(variant.kernel)
                 where = variant.jit_function or (locator(kernel.jit_function) if kernel else "")
-                self.add(variant.specialization_data, where, TARGETS[variant.target].gpu_target)
+                self.add(variant.specialization_data, where, TARGETS[variant.target].gpu_target, variant.key)
         with open(self.out, "a") as f:
             for row in self.rows.values():
                 f.write(json.dumps(row) + "\n")
@@ -206,7 +222,8 @@ def install_from_env() -> None:
         from triton.runtime.driver import driver
 
         def watch(*, key, fn, compile, **_):
-            recorder.add(compile["specialization_data"], locator(fn.jit_function), driver.active.get_current_target())
+            recorder.add(compile["specialization_data"], locator(fn.jit_function), driver.active.get_current_target(),
+                         str(key))
             return False
 
         knobs.runtime.jit_cache_hook = watch
