@@ -155,3 +155,30 @@ def test_pruning_that_needs_data_keeps_every_config_with_a_note():
     assert sorted(v.args["BLOCK"] for v in cap.variants.values()) == ["=128", "=32", "=64"]
     assert len(state.notes) == 1 and "prune_configs_by" in state.notes[0]
     assert _data_pruned_kernel.cache == {}  # tracing leaves the autotuner's winners alone
+
+
+def test_config_field_is_validated(tmp_path):
+    from tritonwarm.jit.specs import SpecError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(SPEC).read().replace('config: "$0 if n_cols < 4096 else 2"', "config: true"))
+    with pytest.raises(SpecError, match=r"bad.yaml:\d+: config: a pinned autotune config is an index"):
+        load_specs([bad])
+
+
+def test_tune_on_a_machine_without_gpu_is_one_line_exit_2(capsys, tmp_path):
+    from tritonwarm.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["tune", SPEC, "--target", "local", "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "there is none" in err
+
+
+def test_tune_for_a_target_stores_the_pinned_winners(capsys, tmp_path):
+    from tritonwarm.cli import main
+
+    assert main(["tune", SPEC, "--target", "sm90", "--cache-dir", str(tmp_path)]) == 0
+    assert "sm90: 2 winners pinned, 0 errors" in capsys.readouterr().out
+    assert probe_winners(load_specs([SPEC]), TARGETS["sm90"], tmp_path).unknown == []
