@@ -118,3 +118,18 @@ def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypa
     with serving_without_launching(target, tmp_path, monkeypatch), monitor.serving():
         ops.softmax(x)
     assert monitor.misses == [] and monitor.hits == 1
+
+
+def test_triton_and_torch_device_queries_answer_for_the_target():
+    from triton.runtime import driver
+
+    from tritonwarm.jit.trace import Capture, tracing
+
+    seen = {}
+    for name in ("sm90", "gfx942"):
+        with tracing(Capture(), TARGETS[name], all_kernels=True):
+            seen[name] = (driver.active.utils.get_device_properties(0)["multiprocessor_count"],
+                          torch.cuda.get_device_properties(0).multi_processor_count,
+                          torch.cuda.get_device_capability(), torch.version.hip is not None,
+                          driver.active.get_current_target().backend)
+    assert seen == {"sm90": (132, 132, (9, 0), False, "cuda"), "gfx942": (304, 304, (9, 4), True, "hip")}
