@@ -21,8 +21,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_tune(args) -> int:
-    from ..jit.autotune import pin_winners, tune_winners
     from ..jit.targets import local_target
+    from ..jit.winners import pin_winners, tune_winners
 
     measure = args.target in (None, "local")
     if measure and local_target() is None:

@@ -86,7 +86,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
     """Rows that pin an autotune config (``config:``) get it stored as Triton's winner with the binaries."""
     if not any(spec.config is not None for spec in specs):
         return []
-    from ..jit.autotune import pin_winners
+    from ..jit.winners import pin_winners
 
     return pin_winners(specs, target, cache_dir).errors
 
@@ -98,7 +98,7 @@ def cmd_check(args) -> int:
         return _check_trace(args)
     if args.remote:
         return _check_remote(args)
-    from ..jit.autotune import probe_winners
+    from ..jit.winners import probe_winners
 
     specs, targets, cache_dir = prepare(args)
     reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]

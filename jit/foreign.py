@@ -66,7 +66,6 @@ def find_jit_function(where: str) -> JITFunction:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
-    candidates = [module]
     obj = module
     for part in qualname.split("."):
         obj = getattr(obj, part, None)

@@ -8,12 +8,12 @@ import triton
 import triton.language as tl
 from tritonwarm.examples import inhouse_autotuned as ex
 from tritonwarm.jit import TARGETS, fake_tensor
-from tritonwarm.jit.autotune import pin_winners, probe_winners
 from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.targets import NoBenchmarkError, target_driver
 from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.winners import pin_winners, probe_winners
 
 SPEC = ex.__file__.replace(".py", ".yaml")
 
