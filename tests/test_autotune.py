@@ -12,6 +12,7 @@ from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.targets import NoBenchmarkError, target_driver
+from tritonwarm.jit.trace import trace_call
 from tritonwarm.jit.warmup import warm
 from tritonwarm.jit.winners import pin_winners, probe_winners
 
@@ -182,3 +183,39 @@ def test_tune_for_a_target_stores_the_pinned_winners(capsys, tmp_path):
     assert main(["tune", SPEC, "--target", "sm90", "--cache-dir", str(tmp_path)]) == 0
     assert "sm90: 2 winners pinned, 0 errors" in capsys.readouterr().out
     assert probe_winners(load_specs([SPEC]), TARGETS["sm90"], tmp_path).unknown == []
+
+
+def _modelled_time(**meta):
+    return {32: 3.0, 64: 1.0, 128: 2.0}[meta["BLOCK"]]
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
+                 key=["n"], prune_configs_by={"perf_model": _modelled_time, "top_k": 2})
+@triton.jit
+def _modelled_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+@triton.heuristics({"BLOCK": lambda args: triton.next_power_of_2(args["n"])})
+@triton.jit
+def _heuristic_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+def test_perf_model_top_k_prunes_as_triton_does():
+    variants = trace_call(TARGETS["gfx942"], lambda x: _modelled_kernel[(1,)](x, 100),
+                          fake_tensor((100,), torch.float32), all_kernels=True)
+    assert sorted(v.args["BLOCK"] for v in variants) == ["=128", "=64"]  # the two fastest by the model
+
+
+def test_jitkernel_of_a_heuristics_kernel_traces_and_interprets():
+    from tritonwarm.jit import JitKernel, Launch
+
+    jit = JitKernel(_heuristic_kernel, lambda x: Launch(grid=(1,), args=(x, x.numel())), name="test.heuristic_only")
+    variants = trace_call(TARGETS["sm90"], jit, fake_tensor((100,), torch.float32))
+    assert [v.args["BLOCK"] for v in variants] == ["=128"]
+    x = torch.zeros(100)
+    jit(x)
+    assert torch.equal(x, torch.ones(100))
