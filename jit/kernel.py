@@ -181,7 +181,7 @@ class JitKernel:
                 kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
                 kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
             runtime_names = [p.name for p in self.jit_function.params if not p.is_constexpr]
-            grid = launch.grid({**dict(zip(runtime_names, launch.args)), **kwargs}) if callable(launch.grid) \
+            grid = launch.grid({**dict(zip(runtime_names, launch.args, strict=False)), **kwargs}) if callable(launch.grid) \
                 else launch.grid
             return self._interpreter()[grid](*launch.args, **kwargs)
         if self.stack is not None:  # Triton's own autotuner / heuristics, then JITFunction.run
