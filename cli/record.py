@@ -68,12 +68,16 @@ def cmd_record(args) -> int:
         except OSError as e:
             raise UsageError(f"record: cannot run {command[0]!r}: {e.strerror or e}") from None
         rows, errors = read_record(record)
+    for error in errors:
+        print(f"not recorded: {error}", file=sys.stderr)
+    if not rows:
+        print(f"tritonwarm: the program launched no Triton kernel (exit status {returncode}): no plan written",
+              file=sys.stderr)
+        return 1
     write_plan(rows, output, command, target)
     kernels = {r["kernel"] for r in rows}
     print(f"recorded {len({repr(sorted(r.items())) for r in rows})} launches of {len(kernels)} kernels "
           f"({'dry run for ' + target if target else 'on this GPU'}) -> {output}")
-    for error in errors:
-        print(f"not recorded: {error}", file=sys.stderr)
     if returncode != 0:
         print(f"tritonwarm: the program exited with status {returncode}: the plan holds what it launched before",
               file=sys.stderr)
