@@ -219,3 +219,17 @@ def test_jitkernel_of_a_heuristics_kernel_traces_and_interprets():
     x = torch.zeros(100)
     jit(x)
     assert torch.equal(x, torch.ones(100))
+
+
+def test_warmup_stores_pinned_winners_and_check_reports_unknown_ones(capsys, tmp_path):
+    from tritonwarm.cli import main
+
+    args = [SPEC, "--target", "sm90", "--cache-dir", str(tmp_path)]
+    assert main(["warmup", *args, "-j", "1"]) == 0
+    assert main(["check", *args]) == 0
+    for stored in tmp_path.rglob("*.autotune.json"):
+        stored.unlink()
+    capsys.readouterr()
+    assert main(["check", *args]) == 1
+    out = capsys.readouterr().out
+    assert out.count("winner unknown:") == 2 and "n_cols=1000" in out and "n_cols=4096" in out
