@@ -56,7 +56,9 @@ def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
             report.stored += state.stored
             report.unknown += state.unknown
             report.notes += [n for n in state.notes if n not in report.notes]
-            if mode == "pin" and not state.stored and state.calls:
+            if mode == "pin" and not state.calls:
+                report.notes.append(f"{row.label}: config pinned, but the row reaches no autotuner")
+            elif mode == "pin" and not state.stored:
                 report.notes.append(f"{row.label}: config pinned, but every call has a single config left: "
                                     "nothing to store")
 
