@@ -48,7 +48,7 @@ def _one_line(e: Exception) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     from ..engine.cli import add_engine_parser
-    from . import bundle, cache, record, tune, warm
+    from . import bundle, cache, env, record, tune, warm
 
     p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     sub = p.add_subparsers(metavar="COMMAND")
@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     bundle.add_parsers(sub)
     tune.add_parsers(sub)
     record.add_parsers(sub)
+    env.add_parsers(sub)
     add_engine_parser(sub)
     return p
 

@@ -14,6 +14,7 @@ from .common import (
     public_entry,
     short_kernel,
 )
+from .env import add_for_args, keyed_for
 
 
 def add_parsers(sub) -> None:
@@ -40,7 +41,10 @@ def add_parsers(sub) -> None:
     pr.add_argument("--target", help="only this target")
     pr.add_argument("--unplanned", action="store_true", help="variants none of the specs plans")
     pr.add_argument("--unused", metavar="RECORD", help="variants this dispatch record (JSONL) never launched")
-    pr.add_argument("--other-versions", action="store_true", help="entries compiled by another Triton version")
+    pr.add_argument("--other-environments", "--other-versions", dest="other_environments", action="store_true",
+                    help="entries warmed under another environment than the runtime's (Triton version or "
+                         "libtriton, backend, cache env); with --for / --for-wheel, the runtime is that one")
+    add_for_args(pr)
     pr.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     add_cache_args(pr)
     pr.set_defaults(func=cmd_prune)
@@ -121,13 +125,14 @@ def cmd_du(args) -> int:
     return 0
 
 
+@keyed_for
 def cmd_prune(args) -> int:
     from ..jit.cache import manifests, resolve_cache_dir
     from ..jit.cache.prune import prune_candidates, remove, used_hashes
     from ..jit.targets import TARGETS
 
-    if not (args.unplanned or args.unused or args.other_versions):
-        raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-versions")
+    if not (args.unplanned or args.unused or args.other_environments):
+        raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
     cache_dir = resolve_cache_dir(args.cache_dir)
     planned = None
     if args.unplanned:
@@ -135,7 +140,7 @@ def cmd_prune(args) -> int:
         planned = {n: _planned_hashes(cache_dir, TARGETS[n], args.specs) for n in names}
     used = used_hashes(Path(args.unused)) if args.unused else None
     doomed = prune_candidates(cache_dir, target=args.target, planned=planned, used=used,
-                              other_versions=args.other_versions)
+                              other_environments=args.other_environments)
     if not args.dry_run:
         remove(cache_dir, doomed)
     if args.json:

@@ -17,6 +17,7 @@ from .common import (
     progress_bar,
     short_kernel,
 )
+from .env import add_for_args, keyed_for
 
 
 def add_parsers(sub) -> None:
@@ -33,6 +34,7 @@ def add_parsers(sub) -> None:
     w.add_argument("--push", metavar="URL",
                    help="then push every planned entry to a shared Redis cache: redis://HOST:PORT[/DB]")
     add_shard_args(w)
+    add_for_args(w)
     w.set_defaults(func=cmd_warmup)
 
     c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
@@ -42,10 +44,12 @@ def add_parsers(sub) -> None:
                         "warmed variants the workload never used")
     c.add_argument("--remote", metavar="URL",
                    help="instead: the plan vs a shared Redis cache (redis://HOST:PORT[/DB]): missing, corrupt")
+    add_for_args(c)
     c.set_defaults(func=cmd_check)
 
 
 
+@keyed_for
 def cmd_warmup(args) -> int:
     from ..jit.warmup import warm
 
@@ -91,6 +95,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
     return pin_winners(specs, target, cache_dir).errors
 
 
+@keyed_for
 def cmd_check(args) -> int:
     from ..jit.check import check
 
@@ -110,15 +115,18 @@ def cmd_check(args) -> int:
     else:
         for r in reports:
             status = "ok" if r.ok else "PROBLEMS"
-            print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, {len(r.stale)} stale, "
+            print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
                   f"{len(r.corrupt)} corrupt, {len(r.unreachable)} unreachable rows, "
                   f"{len(r.redundant)} redundant rows")
+            for line in r.reasons:
+                print(f"  why: {line}")
             for m in r.missing:
                 print(f"  missing  {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
             for m in r.corrupt:
                 print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}")
-            for m in r.stale:
-                print(f"  stale    {m['id']}  {short_kernel(m['kernel'] or '?')}  {m['why']}")
+            for other in r.other_environments:
+                print(f"  also {other['entries']} entries of another environment ({other['id'] or 'unrecorded'}), "
+                      "never read by this runtime" + ("" if r.missing else f": {other['differences'][0]}"))
             for row in r.unreachable:
                 print(f"  unreachable row: {row} launches no kernel")
             for line in r.errors + r.collapse_errors:

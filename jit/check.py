@@ -1,12 +1,20 @@
 """Checking: a plan against the cache, as the runtime would see it: what serving would compile, what
-is stale or damaged, what the specs cannot reach."""
+is damaged, what the specs cannot reach, and why a warmed cache misses.
+
+The plan's keys are computed for the runtime's environment (this process's, or the one given with
+``--for``), so entries warmed under other environments may sit beside them without failing the
+check; when planned variants are missing and such entries exist, each way their environment differs
+from the runtime's is named in one line, with its fix.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cache import Manifest, cache_env, entry_files, files_match_record, triton_version
+from .cache import Manifest, entry_files, files_match_record
+from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
+from .cache.manifest import entry_fingerprint
 from .plan import Plan
 
 
@@ -15,7 +23,7 @@ class CheckReport:
     target: str
     planned: int
     missing: list[dict] = field(default_factory=list)
-    stale: list[dict] = field(default_factory=list)
+    stale: list[dict] = field(default_factory=list)  # entries of other environments: never read here
     corrupt: list[dict] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -23,23 +31,29 @@ class CheckReport:
     redundant: list[str] = field(default_factory=list)
     unknown_winners: list[str] = field(default_factory=list)  # autotuned calls serving would benchmark
     notes: list[str] = field(default_factory=list)
+    environment: str = ""  # the runtime's fingerprint id
+    other_environments: list[dict] = field(default_factory=list)  # {id, entries, differences}
+    reasons: list[str] = field(default_factory=list)  # why planned variants are missing, one line each
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.stale or self.corrupt or self.unreachable or self.errors
-                    or self.collapse_errors or self.unknown_winners)
+        return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
+                    or self.unknown_winners)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
 
 
-def check(the_plan: Plan, cache_dir: Path) -> CheckReport:
-    """Plan vs cache: what serving would compile, what is stale or damaged, what the spec cannot reach."""
+def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> CheckReport:
+    """Plan vs cache: what serving would compile, what is damaged, what the spec cannot reach, and why."""
     target = the_plan.target
+    runtime = runtime if runtime is not None else current_fingerprint()
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
-                         redundant=list(the_plan.redundant), notes=list(the_plan.notes))
-    recorded = Manifest(cache_dir, target.name).read()
+                         redundant=list(the_plan.redundant), notes=list(the_plan.notes),
+                         environment=fingerprint_id(runtime, target.name))
+    manifest = Manifest(cache_dir, target.name)
+    recorded = manifest.read()
     for variant in the_plan.variants.values():
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args, "rows": variant.rows}
@@ -47,14 +61,20 @@ def check(the_plan: Plan, cache_dir: Path) -> CheckReport:
             report.missing.append(summary)
         elif not files_match_record(files, recorded.get(variant.cache_hash)):
             report.corrupt.append(summary)
-    version, env = triton_version(), cache_env()
+    environments = manifest.environments()
+    others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():
-        reasons = []
-        if entry.get("triton_version") != version:
-            reasons.append(f"Triton {entry.get('triton_version')} (now {version})")
-        changed = sorted(k for k in set(env) | set(entry.get("env", {})) if env.get(k) != entry.get("env", {}).get(k))
-        if changed:
-            reasons.append("environment changed: " + ", ".join(changed))
-        if reasons:
-            report.stale.append({"id": cache_hash[:12], "kernel": entry.get("kernel"), "why": "; ".join(reasons)})
+        warmed = entry_fingerprint(entry, environments)
+        if same_environment(warmed, runtime, target.name):
+            continue
+        lines = differences(warmed, runtime, targets=[target.name]) or [
+            "warmed under another environment (fingerprint recorded without its key material)"]
+        other = others.setdefault(entry.get("environment") or "unrecorded",
+                                  {"id": entry.get("environment"), "entries": 0, "differences": lines})
+        other["entries"] += 1
+        report.stale.append({"id": cache_hash[:12], "kernel": entry.get("kernel"), "why": "; ".join(lines)})
+    report.other_environments = list(others.values())
+    if report.missing:
+        for other in report.other_environments:
+            report.reasons += [line for line in other["differences"] if line not in report.reasons]
     return report

@@ -210,10 +210,13 @@ _HASHES: dict[tuple, str] = {}
 def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, key: str) -> str:
     """Hashing Triton's source objects costs milliseconds, and a process sees the same requests again
     and again (every step of an engine dry run). Kernel sources do not change while it runs; the
-    cache-invalidating environment can, so it is part of the memo key."""
+    cache-invalidating environment and ``triton_key()`` (warming for another environment) can, so
+    they are part of the memo key."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.runtime import cache as triton_cache
 
-    memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())))
+    memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
+            triton_cache.triton_key())
     if memo not in _HASHES:
         _HASHES[memo] = disk_cache_hash(kernel, target, request)
     return _HASHES[memo]

@@ -29,6 +29,7 @@ from .cache import (
     variant_lock,
 )
 from .cache.sources import PlanSources
+from .cache.env import current_fingerprint, fingerprint_id
 from .compile import compile_variant
 from .plan import Plan
 from .resources import resource_usage
@@ -62,6 +63,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     manifest = Manifest(cache_dir, target.name)
     recorded = manifest.read()
     version, env = triton_version(), cache_env()
+    fingerprint = current_fingerprint()  # the serving environment's under --for
+    environments = {fingerprint_id(fingerprint): fingerprint}
     variants = list(the_plan.variants.values())
     for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only):
         if isinstance(outcome, BaseException):
@@ -75,7 +78,9 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         result.repaired += status == "repaired"
         result.cached += status == "cached"
         if details is not None:
-            manifest.update({variant.cache_hash: _manifest_entry(variant, details, version, env)})
+            entry = _manifest_entry(variant, details, version, env)
+            entry["environment"] = fingerprint_id(fingerprint)
+            manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
             progress(variant, status)
     PlanSources(cache_dir, target.name).add(**the_plan.sources)

@@ -2,20 +2,30 @@
 
 Triton's disk-cache key starts with ``triton_key()``: its version, then the sha256 of each of its
 Python sources and of ``libtriton.so``; each Python's wheel of one Triton release ships a different
-``libtriton.so``, so a cache warmed under another Python misses everything. The cache-invalidating
-environment variables enter every key too. ``fingerprint()`` records all of it (read from Triton's own
-key material, never recomputed), and ``differences()`` names each way two fingerprints disagree.
+``libtriton.so``, so a cache warmed under another Python misses everything. The backend's hash (the
+ptxas / linker version, per target) and the cache-invalidating environment variables enter every key
+too, and a C launcher's file name depends on the Python build. ``fingerprint()`` records all of it
+(read from Triton's own key material, never recomputed), and ``differences()`` names each way two
+fingerprints disagree, with the fix.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
+import re
+import shutil
 import sys
 import sysconfig
+import threading
 
 FINGERPRINT_FORMAT = 1
+
+# While warming for another environment (``serving.serving_environment``), the fingerprint of that
+# environment: what ``current_fingerprint()`` answers, and what manifests record.
+_serving: dict | None = None
 
 
 def triton_version() -> str:
@@ -29,6 +39,48 @@ def cache_env() -> dict[str, str]:
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return dict(sorted(get_cache_invalidating_env_vars().items()))
+
+
+_probe_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _knob_env_names() -> tuple[str, ...]:
+    """Every environment variable Triton's ``knobs`` declare (each knob descriptor names its variable)."""
+    from triton import knobs
+
+    names = set()
+    for holder in vars(knobs).values():
+        if isinstance(holder, type):
+            for attribute in vars(holder).values():
+                if isinstance(attribute, knobs.env_base) and isinstance(getattr(attribute, "key", None), str):
+                    names.add(attribute.key)
+    return tuple(sorted(names))
+
+
+@functools.lru_cache(maxsize=1)
+def _invalidating_knob_names() -> tuple[str, ...]:
+    """The knob variables that invalidate the cache: each one Triton's own
+    ``get_cache_invalidating_env_vars`` reports once it is set (Triton keeps that list in C++ only)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    found = []
+    with _probe_lock:
+        for name in _knob_env_names():
+            previous = os.environ.get(name)
+            os.environ[name] = previous if previous is not None else "1"
+            try:
+                if name in get_cache_invalidating_env_vars():
+                    found.append(name)
+            finally:
+                if previous is None:
+                    del os.environ[name]
+    return tuple(found)
+
+
+def cache_env_names() -> list[str]:
+    """The cache-invalidating variable names Triton knows: the knobs that invalidate, plus any set now."""
+    return sorted(set(_invalidating_knob_names()) | set(cache_env()))
 
 
 def libtriton_path() -> str:
@@ -47,24 +99,104 @@ def _sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def triton_key_parts() -> dict[str, str]:
-    """Triton's own ``triton_key()`` taken apart: version, libtriton's digest, one digest of the rest.
+@functools.lru_cache(maxsize=1)
+def hashed_sources() -> tuple[tuple[str, str], ...]:
+    """``(path inside the triton package, sha256)`` of each Python file ``triton_key()`` hashes, in
+    its order: ``runtime/cache.py``, then the ``compiler`` and ``backends`` packages, (libtriton,) then
+    ``language``, walked as Triton walks them (``pkgutil.walk_packages``)."""
+    import pkgutil
 
-    ``triton_key()`` is ``version + "-".join(sha256 of each part)``; libtriton's part is found by
-    its digest, so nothing of Triton's file walk is re-implemented here.
-    """
+    import triton
+
+    root = os.path.dirname(os.path.abspath(triton.__file__))
+    paths = [os.path.join(root, "runtime", "cache.py")]
+    for folder in ("compiler", "backends", "language"):
+        for lib in pkgutil.walk_packages([os.path.join(root, folder)], prefix=f"triton.{folder}."):
+            paths.append(lib.module_finder.find_spec(lib.name).origin)
+    return tuple((os.path.relpath(p, root).replace(os.sep, "/"), _sha256_file(p)) for p in paths)
+
+
+def local_triton_key() -> str:
+    """This installation's own ``triton_key()``, even while another environment's key is installed."""
     from triton.runtime import cache as triton_cache
 
-    key = triton_cache.triton_key()
+    from . import serving
+
+    original = serving.original_triton_key()
+    return original() if original is not None else triton_cache.triton_key()
+
+
+def current_triton_key_sha256() -> str:
+    """sha256 of the ``triton_key()`` in force now (another environment's while warming for it)."""
+    from triton.runtime import cache as triton_cache
+
+    return hashlib.sha256(triton_cache.triton_key().encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _key_parts(key: str) -> dict[str, str]:
     version = triton_version()
     digests = key[len(version):].split("-")
-    libtriton = _sha256_file(libtriton_path())
-    sources = [d for d in digests if d != libtriton]
+    sources = {digest for _, digest in hashed_sources()}
+    rest = [d for d in digests if d not in sources]
+    libtriton = rest[0] if len(rest) == 1 else _sha256_file(libtriton_path())
     return {
         "version": version,
         "key_sha256": hashlib.sha256(key.encode()).hexdigest(),
         "libtriton_sha256": libtriton,
-        "sources_sha256": hashlib.sha256("-".join(sources).encode()).hexdigest(),
+        "sources_sha256": hashlib.sha256("-".join(d for d in digests if d != libtriton).encode()).hexdigest(),
+    }
+
+
+def triton_key_parts() -> dict[str, str]:
+    """This Triton's own ``triton_key()`` taken apart: version, libtriton's digest, one digest of the rest.
+
+    ``triton_key()`` is ``version + "-".join(sha256 of each part)``; libtriton's part is the one digest
+    that is not one of its Python sources, so libtriton's 500 MB are not read a second time.
+    """
+    return dict(_key_parts(local_triton_key()))
+
+
+def backend_hashes() -> dict[str, str]:
+    """Each known target's backend hash (Triton's ``make_backend(target).hash()``: the ptxas or linker
+    version and the arch), as it enters every key of that target."""
+    from triton.compiler.compiler import make_backend
+
+    from ..targets import TARGETS
+
+    out = {}
+    for target in TARGETS.values():
+        try:
+            out[target.name] = str(make_backend(target.gpu_target).hash())
+        except Exception as e:  # a backend whose tools are missing: say so, the rest still counts
+            out[target.name] = f"unavailable: {type(e).__name__}: {e}"
+    return out
+
+
+def build_tools() -> dict:
+    """What Triton's ``runtime/build.py`` would build a C launcher with: ``$CC`` (else gcc, else clang)
+    and this Python's headers."""
+    from triton import knobs
+
+    cc = os.environ.get("CC")
+    found = shutil.which(cc) if cc else shutil.which("gcc") or shutil.which("clang")
+    scheme = sysconfig.get_default_scheme()
+    if scheme == "posix_local":  # as Triton does
+        scheme = "posix_prefix"
+    include = sysconfig.get_paths(scheme=scheme)["include"]
+    try:
+        from triton.runtime.build import platform_key
+
+        launcher_platform = platform_key()
+    except ImportError:
+        launcher_platform = None
+    return {
+        "c_compiler": found or cc,
+        "c_compiler_found": found is not None,
+        "custom_build": getattr(getattr(knobs, "build", None), "impl", None) is not None,
+        "python_include": include,
+        "python_headers": os.path.exists(os.path.join(include, "Python.h")),
+        "launcher_platform": launcher_platform,
     }
 
 
@@ -79,42 +211,85 @@ def fingerprint() -> dict:
             "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
         },
         "platform": sysconfig.get_platform(),
+        "backends": backend_hashes(),
         "env": cache_env(),
+        "env_unset": [n for n in cache_env_names() if n not in cache_env()],
+        "build": build_tools(),
     }
 
 
-def fingerprint_id(fp: dict) -> str:
-    """A short name for the key-relevant part of a fingerprint: Triton's key material and the env."""
-    parts = [fp["triton"]["key_sha256"], sorted(fp["env"].items())]
+def current_fingerprint() -> dict:
+    """The environment keys are computed for now: this process's, or the one being warmed for."""
+    return _serving if _serving is not None else fingerprint()
+
+
+def fingerprint_id(fp: dict, target: str | None = None) -> str:
+    """A short name for the key-relevant part of a fingerprint: Triton's key material, the env and the
+    backends (only ``target``'s when given: what the keys of that target depend on)."""
+    backends = fp.get("backends", {})
+    if target is not None:
+        backends = {target: backends.get(target)}
+    parts = [fp["triton"]["key_sha256"], sorted(fp.get("env", {}).items()), sorted(backends.items())]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def _python_name(fp: dict) -> str:
-    return f"Python {'.'.join(fp['python']['version'].split('.')[:2])}"
+def same_environment(warmed: dict, runtime: dict, target: str | None = None) -> bool:
+    """Would ``runtime`` compute the keys ``warmed`` did (for ``target``)? A fingerprint recorded
+    without Triton's key material is judged by what it has: Triton's version and the env."""
+    if "key_sha256" in warmed.get("triton", {}):
+        return fingerprint_id(warmed, target) == fingerprint_id(runtime, target)
+    return (warmed.get("triton", {}).get("version") == runtime["triton"]["version"]
+            and warmed.get("env", {}) == runtime.get("env", {}))
 
 
-def differences(warmed: dict, runtime: dict) -> list[str]:
-    """One line per way ``warmed`` and ``runtime`` disagree on what enters a key, with the fix."""
+def python_name(fp: dict) -> str:
+    version = str(fp.get("python", {}).get("version", "?"))
+    return f"Python {'.'.join(version.split('.')[:2])}"
+
+
+def backend_name(backend_hash: str) -> str:
+    found = re.search(r"release ([\d.]+), V([\d.]+)", backend_hash)
+    if found:
+        return f"ptxas {found.group(2)}"
+    if backend_hash.startswith("GPUTarget("):  # HIP: the target, then the digest of its tools, if any
+        rest = backend_hash.split(")", 1)[1].lstrip("-")
+        return f"tools {rest[:12]}…" if rest else "no tool version"
+    return backend_hash if len(backend_hash) <= 48 else backend_hash[:45] + "…"
+
+
+def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
+    """One line per way ``warmed`` and ``runtime`` disagree on what enters a key, with the fix.
+
+    Fingerprints recorded before environments were kept may lack parts; what is not known is not
+    compared. ``targets``: compare only these targets' backends.
+    """
     lines = []
-    tw, tr = warmed["triton"], runtime["triton"]
-    if tw["version"] != tr["version"]:
-        lines.append(f"warmed with Triton {tw['version']}, this runtime has Triton {tr['version']}: every key differs; "
-                     f"warm with Triton {tr['version']}")
+    tw, tr = warmed.get("triton", {}), runtime.get("triton", {})
+    if tw.get("version") != tr.get("version"):
+        lines.append(f"warmed with Triton {tw.get('version')}, this runtime has Triton {tr.get('version')}: "
+                     f"every key differs: warm with Triton {tr.get('version')}")
     else:
-        if tw["sources_sha256"] != tr["sources_sha256"]:
-            lines.append(f"Triton {tr['version']}'s Python sources differ from the ones warmed with (a patched or "
-                         "source build): every key differs; warm with this runtime's Triton")
-        if tw["libtriton_sha256"] != tr["libtriton_sha256"]:
-            lines.append(f"warmed with {_python_name(warmed)}'s libtriton ({tw['libtriton_sha256'][:8]}…), this runtime "
-                         f"has {_python_name(runtime)}'s ({tr['libtriton_sha256'][:8]}…): every key differs; warm with "
-                         f"{_python_name(runtime)} or with --for / --for-wheel")
-    env_w, env_r = warmed.get("env", {}), runtime.get("env", {})
-    for name in sorted(set(env_w) | set(env_r)):
-        if env_w.get(name) != env_r.get(name):
-            lines.append(f"{name}: warmed with {_shown(env_w.get(name))}, this runtime has {_shown(env_r.get(name))}: "
-                         f"every key differs; set it as when warming (or warm again)")
+        if tw.get("sources_sha256") and tw.get("sources_sha256") != tr.get("sources_sha256"):
+            lines.append(f"Triton {tr.get('version')}'s Python sources differ from the ones warmed with (a patched "
+                         "or source build): every key differs: warm with this runtime's Triton")
+        if tw.get("libtriton_sha256") and tw.get("libtriton_sha256") != tr.get("libtriton_sha256"):
+            lines.append(f"warmed with {python_name(warmed)}'s libtriton ({tw['libtriton_sha256'][:8]}…), this "
+                         f"runtime has {python_name(runtime)}'s ({tr['libtriton_sha256'][:8]}…): every key differs: "
+                         f"warm with {python_name(runtime)} or use warmup --for / --for-wheel")
+    bw, br = warmed.get("backends", {}), runtime.get("backends", {})
+    for name in sorted(set(bw) & set(br)):
+        if (targets is None or name in targets) and bw[name] != br[name]:
+            lines.append(f"{name}: warmed with {backend_name(bw[name])}, this runtime has {backend_name(br[name])}: "
+                         f"every {name} key differs: warm with this runtime's compiler backend (same Triton wheel, "
+                         "same TRITON_PTXAS_PATH)")
+    if "env" in warmed:
+        env_w, env_r = warmed.get("env", {}), runtime.get("env", {})
+        for name in sorted(set(env_w) | set(env_r)):
+            if env_w.get(name) != env_r.get(name):
+                lines.append(f"{name} was {_shown(env_w.get(name))} when warming, is {_shown(env_r.get(name))} "
+                             "in this runtime: every key differs: set it identically when warming and serving")
     return lines
 
 
 def _shown(value) -> str:
-    return "it unset" if value is None else repr(value)
+    return "unset" if value is None else f"{value!r}"

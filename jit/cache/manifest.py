@@ -1,8 +1,10 @@
 """The manifest tritonwarm keeps beside Triton's entries: what was warmed, for which target, and why.
 
-``<dir>/tritonwarm/manifest-<target>.json``. Writers serialise on a file lock and replace the file
-atomically, so concurrent warm-ups never corrupt it; a warm-up killed at any point leaves either the
-old or the new manifest, never half of one.
+``<dir>/tritonwarm/manifest-<target>.json``: ``variants`` (cache hash → record) and ``environments``
+(fingerprint id → the fingerprint entries were warmed under; each record names its ``environment``).
+Manifests written before environments were recorded read as having none. Writers serialise on a
+file lock and replace the file atomically, so concurrent warm-ups never corrupt it; a warm-up killed
+at any point leaves either the old or the new manifest, never half of one.
 """
 
 from __future__ import annotations
@@ -39,20 +41,33 @@ class Manifest:
             raise CacheError(f"{self.path}: not a tritonwarm manifest of format {MANIFEST_FORMAT}")
         return data.get("variants", {})
 
+    def environments(self) -> dict[str, dict[str, Any]]:
+        """Fingerprint id → the environment (``env.fingerprint()``) entries were warmed under."""
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        found = data.get("environments", {}) if isinstance(data, dict) else {}
+        return found if isinstance(found, dict) else {}
+
     @contextlib.contextmanager
     def _locked(self):
         self.dir.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.dir / f"manifest-{self.target}.lock"), timeout=LOCK_TIMEOUT_S):
             yield
 
-    def update(self, entries: dict[str, dict[str, Any]] | None = None, remove: list[str] = ()) -> None:
-        """Merge ``entries`` (and drop ``remove``) under the lock, then replace the file atomically.
+    def update(self, entries: dict[str, dict[str, Any]] | None = None, remove: list[str] = (),
+               environments: dict[str, dict[str, Any]] | None = None) -> None:
+        """Merge ``entries`` and ``environments`` (and drop ``remove``) under the lock, then replace the
+        file atomically.
 
         Merging happens against what is on disk *now*, so concurrent writers never lose each
-        other's spec rows; a compile time already recorded survives an entry found cached.
+        other's spec rows; a compile time already recorded survives an entry found cached. An
+        environment no entry names any more is dropped with the last of its entries.
         """
         with self._locked():
             variants = self.read()
+            known = {**self.environments(), **(environments or {})}
             for key, entry in (entries or {}).items():
                 old = variants.get(key)
                 if old is not None:
@@ -62,7 +77,9 @@ class Manifest:
                 variants[key] = entry
             for key in remove:
                 variants.pop(key, None)
-            payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants}
+            named = {entry.get("environment") for entry in variants.values()}
+            payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants,
+                       "environments": {k: v for k, v in sorted(known.items()) if k in named}}
             write_json_atomic(self.path, payload, indent=1, durable=True)
 
 
@@ -90,3 +107,14 @@ def files_match_record(files: dict[str, str], recorded: dict | None) -> bool:
         except OSError:
             return False
     return True
+
+
+def entry_fingerprint(entry: dict, environments: dict[str, dict]) -> dict:
+    """The environment a record was warmed under: its ``environment`` in the table, or, for a record
+    older than the table (or one whose Triton version disagrees with it), what the record itself
+    says (Triton's version and the cache-invalidating env)."""
+    fp = environments.get(entry.get("environment") or "")
+    recorded_version = entry.get("triton_version")
+    if isinstance(fp, dict) and recorded_version in (None, fp.get("triton", {}).get("version")):
+        return fp
+    return {"triton": {"version": recorded_version}, "env": entry.get("env", {})}

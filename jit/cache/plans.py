@@ -8,7 +8,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from .env import cache_env, triton_version
+from .env import cache_env, current_triton_key_sha256, triton_version
 from .layout import file_sha256, write_json_atomic
 
 
@@ -48,7 +48,7 @@ class PlanStore:
         parts = [
             self.FORMAT, spec.source_sha256, spec.index, code_fingerprint(),
             file_sha256(launcher_file) if launcher_file and os.path.exists(launcher_file) else "",
-            triton_version(), cache_env(), target.name, verify_collapse,
+            triton_version(), current_triton_key_sha256(), cache_env(), target.name, verify_collapse,
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 

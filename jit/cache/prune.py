@@ -11,9 +11,9 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from .env import triton_version
+from .env import current_fingerprint, differences, same_environment
 from .layout import variant_lock
-from .manifest import Manifest, manifests
+from .manifest import Manifest, entry_fingerprint, manifests
 
 
 def _size(folder: Path) -> int:
@@ -45,26 +45,35 @@ def disk_usage(cache_dir: Path) -> dict:
 
 
 def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dict[str, set[str]] | None = None,
-                     used: set[str] | None = None, other_versions: bool = False) -> list[dict]:
+                     used: set[str] | None = None, other_environments: bool = False,
+                     other_versions: bool = False) -> list[dict]:
     """Manifest entries to remove, each with the reason.
 
     ``planned``: target → cache hashes some spec plans (entries outside it go); ``used``: cache
-    hashes a dispatch record saw (entries outside it go); ``other_versions``: entries compiled by
-    another Triton version (its runtime can never read them).
+    hashes a dispatch record saw (entries outside it go); ``other_environments`` (``other_versions``
+    is its old name): entries warmed under another environment than the runtime's (another Triton
+    version or libtriton, backend or cache-invalidating env): that runtime can never read them.
     """
-    version = triton_version()
+    other_environments = other_environments or other_versions
+    runtime = current_fingerprint() if other_environments else None
     doomed = []
     for name, manifest in manifests(cache_dir).items():
         if target and name != target:
             continue
+        environments = manifest.environments() if other_environments else {}
         for cache_hash, entry in manifest.read().items():
             reasons = []
             if planned is not None and name in planned and cache_hash not in planned[name]:
                 reasons.append("no spec plans it")
             if used is not None and cache_hash not in used:
                 reasons.append("the dispatch record never used it")
-            if other_versions and entry.get("triton_version") != version:
-                reasons.append(f"compiled by Triton {entry.get('triton_version')}")
+            if other_environments:
+                warmed = entry_fingerprint(entry, environments)
+                if warmed["triton"].get("version") != runtime["triton"]["version"]:
+                    reasons.append(f"compiled by Triton {warmed['triton'].get('version')}")
+                elif not same_environment(warmed, runtime, name):
+                    lines = differences(warmed, runtime, targets=[name])
+                    reasons.append(f"warmed under another environment ({lines[0] if lines else 'unrecorded'})")
             if reasons:
                 doomed.append({"target": name, "id": entry["id"], "kernel": entry["kernel"],
                                "cache_hash": cache_hash, "entry_dir": entry["entry_dir"],

@@ -1,0 +1,132 @@
+"""``tritonwarm env``: the environment every key depends on, as data; and ``--for`` / ``--for-wheel``,
+shared by the commands that key for a serving environment other than this process's."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import tempfile
+import textwrap
+from pathlib import Path
+
+
+def add_parsers(sub) -> None:
+    e = sub.add_parser("env", help="what enters every key here: Triton's key parts, Python, backends, cache env")
+    e.add_argument("--json", action="store_true", help="the fingerprint as JSON")
+    e.add_argument("-o", "--output", metavar="FILE",
+                   help="write the fingerprint to FILE (for warmup --for FILE on a build machine)")
+    e.set_defaults(func=cmd_env)
+
+
+def add_for_args(p) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--for", dest="for_env", metavar="ENV.json",
+                       help="key for the serving environment this fingerprint (tritonwarm env -o) describes")
+    group.add_argument("--for-wheel", metavar="TRITON.whl",
+                       help="key for a runtime with this Triton wheel (the serving Python's build of this release)")
+
+
+@contextlib.contextmanager
+def for_environment(args, targets=()):
+    """Key as the environment ``--for`` / ``--for-wheel`` names inside the block (nothing when neither)."""
+    from ..jit.cache.serving import fingerprint_from_wheel, load_fingerprint, serving_environment
+
+    if getattr(args, "for_env", None):
+        fp, source = load_fingerprint(args.for_env), args.for_env
+    elif getattr(args, "for_wheel", None):
+        fp, source = fingerprint_from_wheel(args.for_wheel), args.for_wheel
+    else:
+        yield None
+        return
+    with serving_environment(fp, targets=[t.name for t in targets], source=source,
+                             warmed_from=os.path.basename(source)) as recorded:
+        yield recorded
+
+
+def keyed_for(command):
+    """Run ``command`` keyed for the ``--for`` / ``--for-wheel`` environment, when one is given."""
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        if not (getattr(args, "for_env", None) or getattr(args, "for_wheel", None)):
+            return command(args)
+        from ..jit.targets import UnknownTargetError, resolve_targets
+
+        try:  # the targets whose backends must agree; none named (prune) and no GPU: none checked
+            targets = resolve_targets(args.target)
+        except UnknownTargetError:
+            targets = []
+        with for_environment(args, targets) as serving:
+            if not args.json:
+                print(f"keying for {serving['warmed_for']['source']}: Python {serving['python'].get('version')}'s "
+                      f"libtriton ({serving['triton']['libtriton_sha256'][:8]}…), compiling with this Triton")
+            return command(args)
+
+    return run
+
+
+def cmd_env(args) -> int:
+    from ..jit.cache.env import fingerprint, fingerprint_id
+
+    fp = fingerprint()
+    if args.output:
+        _write_json(Path(args.output), fp)
+    if args.json:
+        print(json.dumps(fp, indent=1))
+    elif args.output:
+        print(f"wrote {args.output}: fingerprint {fingerprint_id(fp)} (Triton {fp['triton']['version']}, "
+              f"Python {fp['python']['version']})")
+    else:
+        print("\n".join(format_env(fp)))
+    return 0
+
+
+def _write_json(path: Path, data: dict) -> None:
+    folder = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def format_env(fp: dict) -> list[str]:
+    from ..jit.cache.env import backend_name, fingerprint_id
+
+    t, py, build = fp["triton"], fp["python"], fp["build"]
+    by_tool: dict[str, list[str]] = {}
+    for name, backend_hash in fp["backends"].items():
+        by_tool.setdefault(backend_name(backend_hash), []).append(name)
+    lines = [
+        f"fingerprint  {fingerprint_id(fp)}",
+        f"Triton       {t['version']}: key {t['key_sha256'][:12]}…, libtriton {t['libtriton_sha256'][:12]}…, "
+        f"Python sources {t['sources_sha256'][:12]}…",
+        f"Python       {py['version']} ({py['implementation']}), extensions {py['ext_suffix']}, {fp['platform']}",
+        "backends     " + "; ".join(f"{tool}: {', '.join(names)}" for tool, names in by_tool.items()),
+        "cache env    (every key depends on these; warm-up and serving must agree)",
+    ]
+    for name, value in fp["env"].items():
+        lines.append(f"  {name}={value}")
+    if "TRITON_DEFAULT_FP_FUSION" in fp["env_unset"]:
+        lines.append("  TRITON_DEFAULT_FP_FUSION is unset: setting it, even to its default, changes every key; "
+                     "set it identically when warming and serving")
+    lines += textwrap.wrap("unset: " + ", ".join(fp["env_unset"]), 100, initial_indent="  ",
+                           subsequent_indent="    ")
+    cc = build["c_compiler"] if build["c_compiler_found"] else f"none found ({build['c_compiler'] or 'gcc, clang'})"
+    headers = "found" if build["python_headers"] else "MISSING"
+    lines.append(f"C launchers  compiler {cc}; Python headers {headers} ({build['python_include']})"
+                 + ("; a custom knobs.build.impl is set" if build["custom_build"] else ""))
+    return lines

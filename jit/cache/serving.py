@@ -1,0 +1,222 @@
+"""Warming for another environment: compile with this Triton, key as the serving environment will.
+
+The serving machine's key differs from this one's only where its ``libtriton`` differs (each Python's
+wheel of a Triton release ships its own binary). So the serving ``triton_key()`` is this one's with
+libtriton's digest replaced; it is installed as ``triton.runtime.cache.triton_key`` for the duration
+(Triton's own compile pool does the same for its workers), with the serving cache-invalidating
+variables, so traced keys, compiled entries and the plan store all follow it. Anything else that
+differs (the Triton release, one of its hashed Python sources, a target's backend) would make
+different binaries, so it is refused, in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sysconfig
+import zipfile
+from pathlib import Path
+
+from . import env as env_module
+
+_original_key_fn = None  # Triton's own triton_key while another environment's is installed
+
+
+class ServingEnvironmentError(ValueError):
+    """A fingerprint or wheel this Triton cannot warm for (one line, exit 2)."""
+
+
+def original_triton_key():
+    return _original_key_fn
+
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def load_fingerprint(path: str | os.PathLike) -> dict:
+    """Read a fingerprint written by ``tritonwarm env -o``; every field a key depends on is checked."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ServingEnvironmentError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ServingEnvironmentError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != env_module.FINGERPRINT_FORMAT:
+        raise ServingEnvironmentError(f"{path}: not a fingerprint of format {env_module.FINGERPRINT_FORMAT} "
+                                      "(write one with `tritonwarm env -o FILE` on the serving image)")
+    triton = data.get("triton")
+    if not isinstance(triton, dict):
+        raise ServingEnvironmentError(f"{path}: field triton: missing or not an object")
+    if not isinstance(triton.get("version"), str):
+        raise ServingEnvironmentError(f"{path}: field triton.version: missing or not a string")
+    for name in ("key_sha256", "libtriton_sha256", "sources_sha256"):
+        value = triton.get(name)
+        if not isinstance(value, str) or not _HEX64.match(value):
+            raise ServingEnvironmentError(f"{path}: field triton.{name}: {value!r} is not a sha256 hex digest")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ServingEnvironmentError(f"{path}: field env: not an object of strings")
+    if not isinstance(data.get("backends", {}), dict):
+        raise ServingEnvironmentError(f"{path}: field backends: not an object")
+    if not isinstance(data.get("python", {}), dict):
+        raise ServingEnvironmentError(f"{path}: field python: not an object")
+    data.setdefault("python", {})
+    return data
+
+
+def fingerprint_from_wheel(path: str | os.PathLike) -> dict:
+    """The serving fingerprint of a Triton wheel for another Python: this one's, with the wheel's
+    libtriton. Refused unless the release and every Python source ``triton_key()`` hashes are identical."""
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            names = set(wheel.namelist())
+            metadata = _dist_info_file(wheel, names, "METADATA", path)
+            version = re.search(r"^Version: *(\S+)", metadata, re.M)
+            if version is None:
+                raise ServingEnvironmentError(f"{path}: its METADATA names no Version")
+            local = env_module.triton_version()
+            if version.group(1) != local:
+                raise ServingEnvironmentError(f"{path}: Triton {version.group(1)}, this Triton is {local}: warm with "
+                                              f"Triton {version.group(1)} installed (only libtriton may differ)")
+            tags = re.findall(r"^Tag: *(\S+)", _dist_info_file(wheel, names, "WHEEL", path), re.M)
+            _compare_sources(wheel, names, path)
+            lib = f"triton/_C/libtriton.{sysconfig.get_config_var('EXT_SUFFIX').split('.')[-1]}"
+            if lib not in names:
+                raise ServingEnvironmentError(f"{path}: no {lib}: not a Triton wheel for this platform")
+            h = hashlib.sha256()
+            with wheel.open(lib) as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as e:
+        raise ServingEnvironmentError(f"{path}: not a readable wheel ({e})") from None
+    except OSError as e:
+        raise ServingEnvironmentError(f"{path}: cannot read it ({e.strerror or e})") from None
+    local_fp = env_module.fingerprint()
+    libtriton = h.hexdigest()
+    key = _serving_key_string(libtriton)
+    python = _python_of_tags(tags, local_fp["python"])
+    return {**local_fp, "python": python,
+            "triton": {**local_fp["triton"], "libtriton_sha256": libtriton,
+                       "key_sha256": hashlib.sha256(key.encode()).hexdigest()},
+            "wheel": {"file": path.name, "tags": tags}}
+
+
+def _dist_info_file(wheel: zipfile.ZipFile, names: set[str], name: str, path: Path) -> str:
+    found = sorted(n for n in names if re.fullmatch(rf"triton[^/]*\.dist-info/{name}", n))
+    if not found:
+        raise ServingEnvironmentError(f"{path}: no triton-*.dist-info/{name}: not a Triton wheel")
+    return wheel.read(found[0]).decode("utf-8", "replace")
+
+
+def _compare_sources(wheel: zipfile.ZipFile, names: set[str], path: Path) -> None:
+    """Every Python file the key hashes must be byte-identical; the first that is not is named."""
+    for relative, digest in env_module.hashed_sources():
+        member = f"triton/{relative}"
+        if member not in names:
+            raise ServingEnvironmentError(f"{path}: lacks {member}, which this Triton's key hashes: a different "
+                                          "build of Triton; warm with the serving Triton installed")
+        if hashlib.sha256(wheel.read(member)).hexdigest() != digest:
+            raise ServingEnvironmentError(f"{path}: {member} differs from this Triton's: a different build of "
+                                          "Triton; warm with the serving Triton installed")
+    hashed = {f"triton/{r}" for r, _ in env_module.hashed_sources()}
+    import triton
+
+    root = Path(triton.__file__).resolve().parent
+    for member in sorted(names):
+        if (member.endswith(".py") and member.split("/")[1:2] in (["compiler"], ["backends"], ["language"])
+                and member not in hashed and not (root / member[len("triton/"):]).exists()):
+            raise ServingEnvironmentError(f"{path}: has {member}, which this Triton lacks: a different build of "
+                                          "Triton; warm with the serving Triton installed")
+
+
+def _python_of_tags(tags: list[str], local: dict) -> dict:
+    for tag in tags:
+        found = re.match(r"cp(\d)(\d+)-(\w+)-", tag)
+        if found:
+            major, minor, abi = found.groups()
+            suffix = re.sub(r"cpython-\d+", f"cpython-{major}{minor}", local.get("ext_suffix") or "")
+            return {"version": f"{major}.{minor}", "implementation": "cpython", "abi": abi,
+                    "ext_suffix": suffix if abi != "abi3" else None}
+    return {"version": "?", "implementation": "?", "ext_suffix": None}
+
+
+def _serving_key_string(libtriton_sha256: str) -> str:
+    """This Triton's key with libtriton's digest replaced: what a Triton with that libtriton computes."""
+    key = env_module.local_triton_key()
+    version = env_module.triton_version()
+    local_lib = env_module.triton_key_parts()["libtriton_sha256"]
+    digests = key[len(version):].split("-")
+    if digests.count(local_lib) != 1:
+        raise ServingEnvironmentError("this Triton's key does not hold its libtriton's digest once: cannot warm "
+                                      "for another libtriton")
+    return version + "-".join(libtriton_sha256 if d == local_lib else d for d in digests)
+
+
+def serving_key(fp: dict, source: str = "the fingerprint") -> str:
+    """The ``triton_key()`` string of the environment ``fp`` describes; refused unless only libtriton differs."""
+    local = env_module.triton_key_parts()
+    served = fp["triton"]
+    if served["version"] != local["version"]:
+        raise ServingEnvironmentError(f"{source}: Triton {served['version']}, this Triton is {local['version']}: "
+                                      f"warm with Triton {served['version']} installed (only libtriton may differ)")
+    if served["sources_sha256"] != local["sources_sha256"]:
+        raise ServingEnvironmentError(f"{source}: Triton {served['version']}'s hashed Python sources differ from "
+                                      "this Triton's (a patched or source build): warm with the serving Triton "
+                                      "installed (only libtriton may differ)")
+    key = _serving_key_string(served["libtriton_sha256"])
+    if hashlib.sha256(key.encode()).hexdigest() != served["key_sha256"]:
+        raise ServingEnvironmentError(f"{source}: triton.key_sha256 is not the key of this Triton with libtriton "
+                                      f"{served['libtriton_sha256'][:12]}…: the fingerprint was edited or is damaged")
+    return key
+
+
+def check_backends(fp: dict, targets, source: str = "the fingerprint") -> None:
+    """A target whose backend (ptxas / linker) differs would get other binaries under other keys."""
+    local = env_module.backend_hashes()
+    for target in targets:
+        served = fp.get("backends", {}).get(target)
+        if served is not None and served != local.get(target):
+            raise ServingEnvironmentError(
+                f"{source}: {target}'s compiler backend is {env_module.backend_name(served)}, this one's is "
+                f"{env_module.backend_name(local.get(target, '?'))}: warm with the serving backend (same "
+                "TRITON_PTXAS_PATH)")
+
+
+@contextlib.contextmanager
+def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint", warmed_from: str | None = None):
+    """Inside the block this process keys (traces, compiles, plans, records) as ``fp``'s runtime will."""
+    global _original_key_fn
+    from triton.runtime import cache as triton_cache
+
+    if _original_key_fn is not None:
+        raise RuntimeError("already warming for another environment")
+    key = serving_key(fp, source)
+    check_backends(fp, targets, source)
+    local = env_module.fingerprint()
+    recorded = {**fp, "warmed_for": {"source": warmed_from or source, "python": local["python"]["version"],
+                                     "libtriton_sha256": local["triton"]["libtriton_sha256"]}}
+    names = set(env_module.cache_env_names()) | set(fp.get("env", {}))
+    saved_env = {name: os.environ.get(name) for name in names}
+    _original_key_fn = triton_cache.triton_key
+    try:
+        for name in names:
+            if name in fp.get("env", {}):
+                os.environ[name] = fp["env"][name]
+            else:
+                os.environ.pop(name, None)
+        triton_cache.triton_key = lambda: key
+        env_module._serving = recorded
+        yield recorded
+    finally:
+        env_module._serving = None
+        triton_cache.triton_key = _original_key_fn
+        _original_key_fn = None
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
