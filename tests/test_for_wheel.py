@@ -1,0 +1,197 @@
+"""Warming for another environment: compile with this Triton, key as a runtime with another libtriton
+(another Python's wheel of the same release) will, and prove it with Triton's own runtime path: a
+process whose ``triton_key()`` is the serving one finds every entry and compiles nothing."""
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import triton
+from triton.runtime import cache as triton_cache
+from tritonwarm.cli import main
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import Manifest
+from tritonwarm.jit.cache.env import fingerprint, fingerprint_id, libtriton_path
+from tritonwarm.jit.cache.serving import fingerprint_from_wheel, load_fingerprint, serving_environment
+from tritonwarm.jit.check import check
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+
+SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: {range: [1, 4096], collapse: true}
+  fused: [false, true]
+args:
+  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
+  weight: {tensor: [4096], dtype: bfloat16}
+  eps: 1.0e-6
+  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
+"""
+SERVING_LIBTRITON = b"\x7fELF libtriton of another Python's wheel"
+
+
+@pytest.fixture(scope="module")
+def serving_key():
+    """What a Triton with SERVING_LIBTRITON computes: this key, libtriton's digest replaced."""
+    with open(libtriton_path(), "rb") as f:
+        local = hashlib.sha256(f.read()).hexdigest()
+    key = triton_cache.triton_key()
+    assert key.count(local) == 1
+    return key.replace(local, hashlib.sha256(SERVING_LIBTRITON).hexdigest())
+
+
+def make_wheel(path: Path, *, version: str | None = None, replace: dict[str, bytes] | None = None) -> Path:
+    """A Triton wheel for Python 3.12: this Triton's Python files and another libtriton."""
+    root = Path(triton.__file__).resolve().parent
+    replace = replace or {}
+    with zipfile.ZipFile(path, "w") as wheel:
+        for file in sorted(root.rglob("*.py")):
+            member = f"triton/{file.relative_to(root).as_posix()}"
+            wheel.writestr(member, replace.get(member, file.read_bytes()))
+        wheel.writestr("triton/_C/libtriton.so", SERVING_LIBTRITON)
+        info = f"triton-{version or triton.__version__}.dist-info"
+        wheel.writestr(f"{info}/METADATA", f"Name: triton\nVersion: {version or triton.__version__}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp312-cp312-manylinux_2_27_x86_64\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    return make_wheel(tmp_path_factory.mktemp("wheel") / "triton-cp312.whl")
+
+
+@pytest.fixture
+def env_json(tmp_path, serving_key):
+    """A fingerprint as `tritonwarm env -o` writes it on the serving image: Python 3.12, FP fusion off."""
+    fp = fingerprint()
+    fp["python"] = {**fp["python"], "version": "3.12.3", "ext_suffix": ".cpython-312-x86_64-linux-gnu.so"}
+    fp["triton"] = {**fp["triton"], "libtriton_sha256": hashlib.sha256(SERVING_LIBTRITON).hexdigest(),
+                    "key_sha256": hashlib.sha256(serving_key.encode()).hexdigest()}
+    fp["env"] = {"TRITON_DEFAULT_FP_FUSION": "false"}
+    path = tmp_path / "serving.json"
+    path.write_text(json.dumps(fp))
+    return path
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    path = tmp_path / "rms.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def test_warm_for_env_json_is_what_that_runtime_reads(tmp_path, spec_file, env_json, serving_key, compile_counter,
+                                                     rms_norm_runtime, monkeypatch):
+    target, cache = TARGETS["sm90"], tmp_path / "cache"
+    specs = load_specs([spec_file])
+    local_plan = plan(specs, target)
+    fp = load_fingerprint(env_json)
+    with serving_environment(fp, targets=["sm90"], source=str(env_json)):
+        assert triton_cache.triton_key() == serving_key
+        served_plan = plan(specs, target, cache_dir=cache)  # through the plan store too
+        result = warm(served_plan, cache, jobs=2)  # forked workers compile under the serving key
+    assert (result.compiled, result.failed) == (2, 0), result.failures
+    assert len(served_plan.variants) == 2 and set(served_plan.variants).isdisjoint(local_plan.variants)
+    assert triton_cache.triton_key() != serving_key  # put back
+
+    manifest = Manifest(cache, "sm90")
+    [(env_id, recorded)] = manifest.environments().items()
+    assert env_id == fingerprint_id(fp) and recorded["warmed_for"]["source"] == str(env_json)
+    assert recorded["python"]["version"] == "3.12.3"
+    assert {e["environment"] for e in manifest.read().values()} == {env_id}
+    assert set(manifest.read()) == set(served_plan.variants)
+
+    # this process, as it is, would miss everything, and check says why
+    report = check(plan(specs, target), cache)
+    assert len(report.missing) == 2
+    assert any(r.startswith("warmed with Python 3.12's libtriton") for r in report.reasons), report.reasons
+    assert any(r.startswith("TRITON_DEFAULT_FP_FUSION was 'false' when warming") for r in report.reasons)
+
+    # the serving runtime: Triton's own triton_key() is the serving one, its env the serving env
+    monkeypatch.setattr(triton_cache, "triton_key", lambda: serving_key)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert check(plan(specs, target), cache).ok
+    before = compile_counter.count
+    for rows in (1, 37, 4096):
+        for fused in (False, True):
+            assert rms_norm_runtime(target, cache, rows, fused).hash in served_plan.variants
+    assert compile_counter.count == before  # every launch found its entry: nothing compiled
+    # the keys are Triton's own: what that runtime compiles into an empty cache is named as planned
+    for fused in (False, True):
+        assert rms_norm_runtime(target, tmp_path / "empty", 5, fused).hash in served_plan.variants
+    assert compile_counter.count == before + 2
+
+
+def test_warmup_for_wheel_from_the_command_line(tmp_path, spec_file, wheel, serving_key, compile_counter,
+                                                rms_norm_runtime, monkeypatch, capsys):
+    fp = fingerprint_from_wheel(wheel)
+    assert fp["triton"]["key_sha256"] == hashlib.sha256(serving_key.encode()).hexdigest()
+    assert fp["python"]["version"] == "3.12" and fp["wheel"]["tags"] == ["cp312-cp312-manylinux_2_27_x86_64"]
+    cache = tmp_path / "cache"
+    assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for-wheel", str(wheel),
+                 "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"keying for {wheel.name}: Python 3.12's libtriton") and "2 compiled" in out
+    [recorded] = Manifest(cache, "sm90").environments().values()
+    assert recorded["warmed_for"]["source"] == wheel.name
+
+    assert main(["check", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for-wheel",
+                 str(wheel)]) == 0
+    monkeypatch.setattr(triton_cache, "triton_key", lambda: serving_key)
+    before = compile_counter.count
+    for fused in (False, True):
+        rms_norm_runtime(TARGETS["sm90"], cache, 100, fused)
+    assert compile_counter.count == before
+
+
+def _refused(capsys, *argv) -> str:
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("tritonwarm: error: ")
+    return err
+
+
+def test_refusals_are_one_line_and_compile_nothing(tmp_path, spec_file, env_json, compile_counter, capsys):
+    cache = tmp_path / "cache"
+    warm_args = ["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(cache)]
+
+    other_version = make_wheel(tmp_path / "old.whl", version="3.0.0")
+    assert f"Triton 3.0.0, this Triton is {triton.__version__}" in _refused(
+        capsys, *warm_args, "--for-wheel", str(other_version))
+
+    patched = make_wheel(tmp_path / "patched.whl",
+                         replace={"triton/compiler/compiler.py": b"# a patched build\n"})
+    assert "triton/compiler/compiler.py differs from this Triton's" in _refused(
+        capsys, *warm_args, "--for-wheel", str(patched))
+
+    corrupt = tmp_path / "corrupt.whl"
+    corrupt.write_bytes(b"PK\x03\x04 not really a zip")
+    assert "corrupt.whl: not a readable wheel" in _refused(capsys, *warm_args, "--for-wheel", str(corrupt))
+
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    assert "bad.json: not JSON" in _refused(capsys, *warm_args, "--for", str(bad_json))
+
+    fp = json.loads(env_json.read_text())
+    for field, edit, message in [
+        ("key_sha256", "abc", "field triton.key_sha256: 'abc' is not a sha256 hex digest"),
+        ("key_sha256", "0" * 64, "triton.key_sha256 is not the key of this Triton"),
+        ("version", "3.0.0", f"Triton 3.0.0, this Triton is {triton.__version__}"),
+        ("sources_sha256", "1" * 64, "hashed Python sources differ"),
+    ]:
+        edited = tmp_path / f"{field}.json"
+        edited.write_text(json.dumps({**fp, "triton": {**fp["triton"], field: edit}}))
+        assert message in _refused(capsys, *warm_args, "--for", str(edited))
+    no_env = tmp_path / "env.json"
+    no_env.write_text(json.dumps({**fp, "env": ["TRITON_DEFAULT_FP_FUSION"]}))
+    assert "field env: not an object of strings" in _refused(capsys, *warm_args, "--for", str(no_env))
+    other_ptxas = tmp_path / "ptxas.json"
+    other_ptxas.write_text(json.dumps({**fp, "backends": {**fp["backends"], "sm90": "ptxas release 11.8, V11.8.89"}}))
+    assert "sm90's compiler backend is ptxas 11.8.89" in _refused(capsys, *warm_args, "--for", str(other_ptxas))
+
+    assert compile_counter.count == 0 and not (cache / "tritonwarm" / "manifest-sm90.json").exists()
+    assert triton_cache.triton_key.__name__ == "triton_key"  # never left installed
