@@ -52,6 +52,7 @@ def keyed_for(command):
     def run(args) -> int:
         if not (getattr(args, "for_env", None) or getattr(args, "for_wheel", None)):
             return command(args)
+        from ..jit.cache.env import python_name
         from ..jit.targets import UnknownTargetError, resolve_targets
 
         try:  # the targets whose backends must agree; none named (prune) and no GPU: none checked
@@ -60,8 +61,8 @@ def keyed_for(command):
             targets = []
         with for_environment(args, targets) as serving:
             if not args.json:
-                print(f"keying for {serving['warmed_for']['source']}: Python {serving['python'].get('version')}'s "
-                      f"libtriton ({serving['triton']['libtriton_sha256'][:8]}…), compiling with this Triton")
+                print(f"keying for {serving['warmed_for']['source']}: {python_name(serving)}'s libtriton "
+                      f"({serving['triton']['libtriton_sha256'][:8]}…), compiling with this Triton")
             return command(args)
 
     return run
