@@ -87,6 +87,10 @@ def test_differences_name_each_part_with_both_values():
     older = {**other, "triton": {**other["triton"], "version": "3.5.0"}}
     assert env_module.differences(older, runtime)[0].startswith(
         f"warmed with Triton 3.5.0, this runtime has Triton {runtime['triton']['version']}")
+    patched = {**runtime, "triton": {**runtime["triton"], "sources_sha256": "4" * 64},
+               "triton_sources": {**runtime["triton_sources"], "compiler/compiler.py": "5" * 64}}
+    [line] = env_module.differences(patched, runtime)
+    assert "Python sources differ from the ones warmed with (triton/compiler/compiler.py first;" in line
     assert env_module.differences(runtime, runtime) == []
 
 

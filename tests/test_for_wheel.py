@@ -186,6 +186,12 @@ def test_refusals_are_one_line_and_compile_nothing(tmp_path, spec_file, env_json
         edited = tmp_path / f"{field}.json"
         edited.write_text(json.dumps({**fp, "triton": {**fp["triton"], field: edit}}))
         assert message in _refused(capsys, *warm_args, "--for", str(edited))
+    edited = tmp_path / "patched.json"
+    sources = {**fp["triton_sources"], "language/core.py": "2" * 64}
+    edited.write_text(json.dumps({**fp, "triton": {**fp["triton"], "sources_sha256": "3" * 64},
+                                  "triton_sources": sources}))
+    assert "differ from this Triton's (triton/language/core.py first;" in _refused(
+        capsys, *warm_args, "--for", str(edited))
     no_env = tmp_path / "env.json"
     no_env.write_text(json.dumps({**fp, "env": ["TRITON_DEFAULT_FP_FUSION"]}))
     assert "field env: not an object of strings" in _refused(capsys, *warm_args, "--for", str(no_env))

@@ -205,6 +205,7 @@ def fingerprint() -> dict:
     return {
         "format": FINGERPRINT_FORMAT,
         "triton": triton_key_parts(),
+        "triton_sources": dict(hashed_sources()),
         "python": {
             "version": platform.python_version(),
             "implementation": sys.implementation.name,
@@ -231,6 +232,16 @@ def fingerprint_id(fp: dict, target: str | None = None) -> str:
         backends = {target: backends.get(target)}
     parts = [fp["triton"]["key_sha256"], sorted(fp.get("env", {}).items()), sorted(backends.items())]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def first_differing_source(warmed: dict, runtime: dict) -> str | None:
+    """The first Python file of Triton's key whose digest differs between two fingerprints (when both
+    list them): what a patched or source build changed."""
+    a, b = warmed.get("triton_sources"), runtime.get("triton_sources")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    return next((f"triton/{path}" for path in list(b) + [p for p in a if p not in b] if a.get(path) != b.get(path)),
+                None)
 
 
 def same_environment(warmed: dict, runtime: dict, target: str | None = None) -> bool:
@@ -270,8 +281,10 @@ def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
                      f"every key differs: warm with Triton {tr.get('version')}")
     else:
         if tw.get("sources_sha256") and tw.get("sources_sha256") != tr.get("sources_sha256"):
-            lines.append(f"Triton {tr.get('version')}'s Python sources differ from the ones warmed with (a patched "
-                         "or source build): every key differs: warm with this runtime's Triton")
+            changed = first_differing_source(warmed, runtime)
+            lines.append(f"Triton {tr.get('version')}'s Python sources differ from the ones warmed with "
+                         f"({changed + ' first; ' if changed else ''}a patched or source build): every key differs: "
+                         "warm with this runtime's Triton")
         if tw.get("libtriton_sha256") and tw.get("libtriton_sha256") != tr.get("libtriton_sha256"):
             lines.append(f"warmed with {python_name(warmed)}'s libtriton ({tw['libtriton_sha256'][:8]}…), this "
                          f"runtime has {python_name(runtime)}'s ({tr['libtriton_sha256'][:8]}…): every key differs: "

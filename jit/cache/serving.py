@@ -61,6 +61,8 @@ def load_fingerprint(path: str | os.PathLike) -> dict:
         raise ServingEnvironmentError(f"{path}: field env: not an object of strings")
     if not isinstance(data.get("backends", {}), dict):
         raise ServingEnvironmentError(f"{path}: field backends: not an object")
+    if not isinstance(data.get("triton_sources", {}), dict):
+        raise ServingEnvironmentError(f"{path}: field triton_sources: not an object")
     if not isinstance(data.get("python", {}), dict):
         raise ServingEnvironmentError(f"{path}: field python: not an object")
     data.setdefault("python", {})
@@ -164,9 +166,10 @@ def serving_key(fp: dict, source: str = "the fingerprint") -> str:
         raise ServingEnvironmentError(f"{source}: Triton {served['version']}, this Triton is {local['version']}: "
                                       f"warm with Triton {served['version']} installed (only libtriton may differ)")
     if served["sources_sha256"] != local["sources_sha256"]:
+        changed = env_module.first_differing_source(fp, {"triton_sources": dict(env_module.hashed_sources())})
         raise ServingEnvironmentError(f"{source}: Triton {served['version']}'s hashed Python sources differ from "
-                                      "this Triton's (a patched or source build): warm with the serving Triton "
-                                      "installed (only libtriton may differ)")
+                                      f"this Triton's ({changed + ' first; ' if changed else ''}a patched or source "
+                                      "build): warm with the serving Triton installed (only libtriton may differ)")
     key = _serving_key_string(served["libtriton_sha256"])
     if hashlib.sha256(key.encode()).hexdigest() != served["key_sha256"]:
         raise ServingEnvironmentError(f"{source}: triton.key_sha256 is not the key of this Triton with libtriton "
