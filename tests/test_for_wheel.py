@@ -88,7 +88,7 @@ def test_warm_for_env_json_is_what_that_runtime_reads(tmp_path, spec_file, env_j
                                                      rms_norm_runtime, monkeypatch):
     target, cache = TARGETS["sm90"], tmp_path / "cache"
     specs = load_specs([spec_file])
-    local_plan = plan(specs, target)
+    local_plan = plan(specs, target, cache_dir=cache)  # stored: the serving plan must not reuse it
     fp = load_fingerprint(env_json)
     with serving_environment(fp, targets=["sm90"], source=str(env_json)):
         assert triton_cache.triton_key() == serving_key
@@ -132,10 +132,12 @@ def test_warmup_for_wheel_from_the_command_line(tmp_path, spec_file, wheel, serv
     assert fp["triton"]["key_sha256"] == hashlib.sha256(serving_key.encode()).hexdigest()
     assert fp["python"]["version"] == "3.12" and fp["wheel"]["tags"] == ["cp312-cp312-manylinux_2_27_x86_64"]
     cache = tmp_path / "cache"
+    local_plan = plan(load_specs([spec_file]), TARGETS["sm90"], cache_dir=cache)  # in the plan store now
     assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for-wheel", str(wheel),
                  "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"keying for {wheel.name}: Python 3.12's libtriton") and "2 compiled" in out
+    assert set(Manifest(cache, "sm90").read()).isdisjoint(local_plan.variants)  # not the stored local plan
     [recorded] = Manifest(cache, "sm90").environments().values()
     assert recorded["warmed_for"]["source"] == wheel.name
 
