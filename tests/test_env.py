@@ -162,6 +162,9 @@ def test_prune_other_environments_keeps_the_runtimes(tmp_path, specs, monkeypatc
         kept[value] = plan(specs, target)
         warm(kept[value], cache)
     capsys.readouterr()
+    # a plan judges its own environment's entries only: what was warmed for the other one stays
+    assert main(["prune", str(tmp_path / "rms.yaml"), "--unplanned", "--cache-dir", str(cache), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == []
     assert main(["prune", "--other-environments", "--cache-dir", str(cache), "--json"]) == 0  # runtime: "1"
     removed = json.loads(capsys.readouterr().out)["removed"]
     assert sorted(r["cache_hash"] for r in removed) == sorted(kept["0"].variants)

@@ -53,22 +53,25 @@ def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dic
     hashes a dispatch record saw (entries outside it go); ``other_environments`` (``other_versions``
     is its old name): entries warmed under another environment than the runtime's (another Triton
     version or libtriton, backend or cache-invalidating env): that runtime can never read them.
+    A plan is computed for the runtime's environment, so it judges only that environment's entries:
+    what was warmed for another (``warmup --for``) is never "unplanned".
     """
     other_environments = other_environments or other_versions
-    runtime = current_fingerprint() if other_environments else None
+    runtime = current_fingerprint() if (other_environments or planned is not None) else None
     doomed = []
     for name, manifest in manifests(cache_dir).items():
         if target and name != target:
             continue
-        environments = manifest.environments() if other_environments else {}
+        environments = manifest.environments() if runtime is not None else {}
         for cache_hash, entry in manifest.read().items():
             reasons = []
-            if planned is not None and name in planned and cache_hash not in planned[name]:
+            warmed = entry_fingerprint(entry, environments) if runtime is not None else None
+            if (planned is not None and name in planned and cache_hash not in planned[name]
+                    and same_environment(warmed, runtime, name)):
                 reasons.append("no spec plans it")
             if used is not None and cache_hash not in used:
                 reasons.append("the dispatch record never used it")
             if other_environments:
-                warmed = entry_fingerprint(entry, environments)
                 if warmed["triton"].get("version") != runtime["triton"]["version"]:
                     reasons.append(f"compiled by Triton {warmed['triton'].get('version')}")
                 elif not same_environment(warmed, runtime, name):
