@@ -37,7 +37,7 @@ def add_parsers(sub) -> None:
     add_for_args(w)
     w.set_defaults(func=cmd_warmup)
 
-    c = sub.add_parser("check", help="plan vs cache: missing, stale, corrupt variants; unreachable rows")
+    c = sub.add_parser("check", help="plan vs cache: missing variants and why, corrupt ones; unreachable rows")
     add_spec_args(c)
     c.add_argument("--trace", metavar="RECORD",
                    help="instead: a dispatch record (engine run --record) vs the cache: runtime misses and "
