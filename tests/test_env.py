@@ -81,8 +81,8 @@ def test_differences_name_each_part_with_both_values():
                for line in lines), lines
     assert any(line.startswith("sm90: warmed with ptxas 12.1.105") for line in lines), lines
     fusion = runtime["env"].get("TRITON_DEFAULT_FP_FUSION")
-    assert any(line.startswith(f"TRITON_DEFAULT_FP_FUSION was 'false' when warming, is "
-                               f"{'unset' if fusion is None else repr(fusion)} in this runtime") for line in lines)
+    assert any(line.startswith(f"TRITON_DEFAULT_FP_FUSION: warmed with 'false', this runtime has "
+                               f"{'it unset' if fusion is None else repr(fusion)}: every key") for line in lines)
     assert len(lines) == 3
     older = {**other, "triton": {**other["triton"], "version": "3.5.0"}}
     assert env_module.differences(older, runtime)[0].startswith(
@@ -132,9 +132,9 @@ def test_a_cache_warmed_under_two_environments_checks_ok_under_each(tmp_path, sp
     report = check(plan(specs, target), cache)
     assert not report.ok and len(report.missing) == 2
     assert sorted(report.reasons) == [
-        "TRITON_DEFAULT_FP_FUSION was 'false' when warming, is unset in this runtime: every key differs: "
+        "TRITON_DEFAULT_FP_FUSION: warmed with 'false', this runtime has it unset: every key differs: "
         "set it identically when warming and serving",
-        "TRITON_DEFAULT_FP_FUSION was 'true' when warming, is unset in this runtime: every key differs: "
+        "TRITON_DEFAULT_FP_FUSION: warmed with 'true', this runtime has it unset: every key differs: "
         "set it identically when warming and serving",
     ]
 
@@ -150,7 +150,7 @@ def test_check_names_the_difference_on_the_command_line(tmp_path, monkeypatch, c
     assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("sm90: PROBLEMS: 2 planned, 2 missing")
-    assert out[1] == ("  why: TRITON_DEFAULT_FP_FUSION was 'false' when warming, is 'true' in this runtime: every key "
+    assert out[1] == ("  why: TRITON_DEFAULT_FP_FUSION: warmed with 'false', this runtime has 'true': every key "
                       "differs: set it identically when warming and serving")
 
 
@@ -168,7 +168,7 @@ def test_prune_other_environments_keeps_the_runtimes(tmp_path, specs, monkeypatc
     assert main(["prune", "--other-environments", "--cache-dir", str(cache), "--json"]) == 0  # runtime: "1"
     removed = json.loads(capsys.readouterr().out)["removed"]
     assert sorted(r["cache_hash"] for r in removed) == sorted(kept["0"].variants)
-    assert all(r["why"].startswith("warmed under another environment (TRITON_DEFAULT_FP_FUSION was 'false'")
+    assert all(r["why"].startswith("warmed under another environment (TRITON_DEFAULT_FP_FUSION: warmed with 'false'")
                for r in removed)
     assert not any((cache / r["entry_dir"]).exists() for r in removed)
     manifest = Manifest(cache, "sm90")

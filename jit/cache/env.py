@@ -299,10 +299,11 @@ def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
         env_w, env_r = warmed.get("env", {}), runtime.get("env", {})
         for name in sorted(set(env_w) | set(env_r)):
             if env_w.get(name) != env_r.get(name):
-                lines.append(f"{name} was {_shown(env_w.get(name))} when warming, is {_shown(env_r.get(name))} "
-                             "in this runtime: every key differs: set it identically when warming and serving")
+                lines.append(f"{name}: warmed with {_shown(env_w.get(name))}, this runtime has "
+                             f"{_shown(env_r.get(name))}: every key differs: set it identically when warming and "
+                             "serving")
     return lines
 
 
 def _shown(value) -> str:
-    return "unset" if value is None else f"{value!r}"
+    return "it unset" if value is None else f"{value!r}"
