@@ -136,17 +136,43 @@ def fake_tensor(shape, dtype: torch.dtype, *, stride=None, aligned: bool = True)
 
 @dataclass(frozen=True)
 class FakePointer:
-    """What Triton's binder sees for a meta tensor: its dtype and an address with the runtime alignment."""
+    """What each backend's specializer reads of a tensor argument, for a meta tensor.
+
+    - every backend: ``dtype`` and ``data_ptr()`` (16-byte divisibility), the address being the
+      runtime alignment of the same view;
+    - HIP (gfx targets, buffer ops on by default): ``ptr_range()``, the bytes of the tensor's whole
+      storage, which Triton reads before falling back to ``untyped_storage().size()``; a tensor of
+      at most 2 GiB gets the pointer-range attribute, so without it every warmed gfx key would
+      differ from a real tensor's.
+    """
 
     dtype: torch.dtype
     address: int
+    storage_bytes: int
 
     def data_ptr(self) -> int:
         return self.address
+
+    def ptr_range(self) -> int:
+        return self.storage_bytes
 
 
 def as_kernel_arg(value):
     """Meta tensors become ``FakePointer`` for Triton's specializer; everything else passes through."""
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
-        return FakePointer(value.dtype, pointer_address(value))
+        return FakePointer(value.dtype, pointer_address(value), value.untyped_storage().nbytes())
+    return value
+
+
+def cpu_twin(value):
+    """A real CPU tensor with a meta tensor's dtype, shape, strides, storage offset and storage size
+    (lists, tuples and dicts walked); anything else unchanged. ``torch.empty`` touches no memory, so
+    this is how warmed keys are compared with the keys Triton computes for real tensors."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        elements = value.untyped_storage().nbytes() // value.element_size()
+        return torch.empty(elements, dtype=value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return type(value)(cpu_twin(v) for v in value)
+    if isinstance(value, dict):
+        return {k: cpu_twin(v) for k, v in value.items()}
     return value
