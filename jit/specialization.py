@@ -35,7 +35,8 @@ _CANONICAL_REP = {
 
 def _check_int(value) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{value!r} is not an int: Triton passes bool as u1 and float as fp32, never value-specialized")
+        raise ValueError(f"{value!r} is not an int: Triton passes bool as u1 and float as fp32, "
+                         "never value-specialized")
     if not I64[0] <= value <= U64[1]:
         raise ValueError(f"{value} does not fit in 64 bits: Triton cannot pass it to a kernel")
     return value
@@ -129,7 +130,7 @@ def fake_tensor(shape, dtype: torch.dtype, *, stride=None, aligned: bool = True)
     offset = 0 if aligned else 1
     if not aligned and torch.tensor([], dtype=dtype).element_size() >= 16:
         raise ValueError(f"cannot misalign a {dtype} tensor by whole elements")
-    span = offset + sum((s - 1) * st for s, st in zip(shape, stride)) + 1 if all(shape) else offset
+    span = offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1 if all(shape) else offset
     base = torch.empty(max(span, 1), dtype=dtype, device="meta")
     return base.as_strided(shape, tuple(stride), offset)
 

@@ -1,0 +1,75 @@
+"""Warmed keys equal runtime keys: for every shipped spec row and target, the key Triton computes for
+the fake inputs warm-up traces equals the key it computes for real (CPU) tensors of the same dtype,
+shape, strides, storage offset and storage size, under the same target-only driver. Nothing compiles:
+both keys are read from Triton's own ``jit_cache_hook``."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from triton._C.libtriton import native_specialize_impl
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.kernel import fake_launches
+from tritonwarm.jit.specialization import as_kernel_arg, cpu_twin, fake_tensor
+from tritonwarm.jit.specs import find_spec_files, load_specs
+from tritonwarm.jit.trace import Capture
+
+SPEC_DIR = Path(__file__).resolve().parents[1] / "warmup_specs"
+
+
+def _keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
+    cap = Capture()
+    with fake_launches(cap, target):
+        spec.launcher(*args, **kwargs)
+    return {(v.kernel, v.key) for v in cap.variants.values()}
+
+
+@pytest.fixture(scope="module")
+def shipped_specs():
+    return load_specs(find_spec_files([SPEC_DIR]))
+
+
+@pytest.mark.parametrize("target_name", ["sm90", "gfx942", "gfx950"])
+def test_every_shipped_row_warms_the_key_real_tensors_get(shipped_specs, target_name):
+    target = TARGETS[target_name]
+    rows = mismatched = 0
+    first = None
+    for spec in shipped_specs:
+        if not spec.applies_to(target):
+            continue
+        for row in spec.rows():
+            args, kwargs = spec.call_arguments(row.values)
+            warmed = _keys(spec, target, args, kwargs)
+            runtime = _keys(spec, target, cpu_twin(args), cpu_twin(kwargs))
+            rows += 1
+            assert warmed, f"{row.label} launches nothing"
+            if warmed != runtime:
+                mismatched += 1
+                first = first or (row.label, sorted(warmed - runtime), sorted(runtime - warmed))
+    assert rows > 20
+    assert mismatched == 0, f"{mismatched} of {rows} rows warm other keys than real tensors get; first: {first}"
+
+
+def _hip_attr(value) -> str:
+    from triton.backends.amd.compiler import HIPBackend
+
+    return native_specialize_impl(HIPBackend, value, False, True, True)[1]
+
+
+def test_pointer_range_follows_the_storage_size_as_for_real_tensors():
+    """HIP marks a tensor of at most 2 GiB (of storage, not of the view) with the pointer range."""
+    limit = 2**31 - 1
+    for storage_bytes in (limit, limit + 1):
+        fake_base = torch.empty(storage_bytes, dtype=torch.uint8, device="meta")
+        fake_view = fake_base[:64]
+        real_view = torch.empty(storage_bytes, dtype=torch.uint8)[:64]
+        assert _hip_attr(as_kernel_arg(fake_view)) == _hip_attr(real_view)
+        assert ("S" in _hip_attr(real_view)) == (storage_bytes <= limit)
+
+
+def test_cpu_twin_keeps_layout_and_storage():
+    fake = fake_tensor((3, 5), torch.bfloat16, stride=(8, 1), aligned=False)
+    real = cpu_twin({"x": [fake, 2]})["x"][0]
+    assert real.device.type == "cpu" and real.dtype == fake.dtype
+    assert (real.shape, real.stride(), real.storage_offset()) == (fake.shape, fake.stride(), fake.storage_offset())
+    assert real.untyped_storage().nbytes() == fake.untyped_storage().nbytes()
