@@ -71,6 +71,8 @@ def cmd_warmup(args) -> int:
             print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
                   f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
                   f"in {result.seconds:.1f} s")
+            if result.c_launchers:
+                print(f"{target.name}: {result.c_launchers['summary']}")
         if store is not None:
             pushes.append(_push(args, the_plan, cache_dir, store))
             problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
@@ -127,6 +129,9 @@ def cmd_check(args) -> int:
             for other in r.other_environments:
                 print(f"  also {other['entries']} entries of another environment ({other['id'] or 'unrecorded'}), "
                       "never read by this runtime" + ("" if r.missing else f": {other['differences'][0]}"))
+            if r.missing_c_launchers:
+                print(f"  {len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
+                      f"{r.c_launcher_fix}")
             for row in r.unreachable:
                 print(f"  unreachable row: {row} launches no kernel")
             for line in r.errors + r.collapse_errors:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .c_launchers import missing_c_launchers
 from .cache import Manifest, entry_files, files_match_record
 from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint
@@ -34,11 +35,13 @@ class CheckReport:
     environment: str = ""  # the runtime's fingerprint id
     other_environments: list[dict] = field(default_factory=list)  # {id, entries, differences}
     reasons: list[str] = field(default_factory=list)  # why planned variants are missing, one line each
+    missing_c_launchers: list[str] = field(default_factory=list)  # C modules Triton would build at first launch
+    c_launcher_fix: str | None = None
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
-                    or self.unknown_winners)
+                    or self.unknown_winners or self.missing_c_launchers)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -54,6 +57,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
                          environment=fingerprint_id(runtime, target.name))
     manifest = Manifest(cache_dir, target.name)
     recorded = manifest.read()
+    intact = []
     for variant in the_plan.variants.values():
         files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args, "rows": variant.rows}
@@ -61,6 +65,9 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
             report.missing.append(summary)
         elif not files_match_record(files, recorded.get(variant.cache_hash)):
             report.corrupt.append(summary)
+        else:
+            intact.append(variant)
+    report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     environments = manifest.environments()
     others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():

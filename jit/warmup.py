@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .c_launchers import warm_c_launchers
 from .cache import (
     Manifest,
     cache_env,
@@ -48,6 +49,7 @@ class WarmResult:
     repaired: int = 0  # entries found corrupt and recompiled
     seconds: float = 0.0
     failures: list[str] = field(default_factory=list)
+    c_launchers: dict | None = None  # Triton's C launchers built for the warmed variants (c_launchers.py)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -65,7 +67,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     version, env = triton_version(), cache_env()
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environments = {fingerprint_id(fingerprint): fingerprint}
-    variants = list(the_plan.variants.values())
+    variants, warmed = list(the_plan.variants.values()), []
     for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only):
         if isinstance(outcome, BaseException):
             result.failed += 1
@@ -74,6 +76,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
                 progress(variant, "failed")
             continue
         status, details = outcome
+        warmed.append(variant)
         result.compiled += status in ("compiled", "repaired")
         result.repaired += status == "repaired"
         result.cached += status == "cached"
@@ -84,6 +87,10 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         if progress:
             progress(variant, status)
     PlanSources(cache_dir, target.name).add(**the_plan.sources)
+    c_launchers = warm_c_launchers(warmed, target, cache_dir, jobs=jobs)
+    if c_launchers is not None:
+        result.c_launchers = c_launchers.to_json()
+        result.failures += [f"C launcher {line}" for line in c_launchers.failed]
     result.seconds = round(time.perf_counter() - start, 3)
     return result
 

@@ -1,0 +1,335 @@
+"""Triton's C launchers, built into the cache at warm-up so that the first launch builds nothing.
+
+Triton 3.6 builds, at the first launch of each kernel signature, a small C extension that launches
+it (``__triton_launcher<EXT_SUFFIX>`` in ``<cache>/<sha256(source + platform)>/``), and once per cache
+the driver's ``cuda_utils`` the same way: gcc, the Python headers, Triton's bundled CUDA headers.
+Triton 3.7 has one generic launcher inside ``cuda_utils`` and builds none per signature (``cuda_utils``
+is still keyed by its source alone); from 3.8 the key of ``cuda_utils`` also names the library
+directories of the serving machine (where ``libcuda.so.1`` lives), which a build machine cannot know.
+
+Nothing here re-implements Triton: its own driver classes (``CudaLauncher``, ``CudaUtils``) generate
+each source, with their call to the builder recorded instead of run; Triton's own
+``compile_module_from_src`` then looks each up in the cache and builds what is missing. Linking needs
+a ``libcuda.so.1``: a stub with that name, made here, since the launcher opens the real one at run
+time. Nothing is loaded into this process and no GPU is touched.
+
+HIP (3.6) is not warmed: its launcher source embeds the absolute path of the serving machine's
+``libamdhip64.so``, found when the driver starts, so its cache key is only known there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LAUNCHER = "__triton_launcher"
+DRIVER_UTILITIES = {"cuda": "cuda_utils", "hip": "hip_utils"}
+
+_patch_lock = threading.RLock()
+
+
+@dataclass
+class CLauncherReport:
+    """What warm-up did about Triton's C launchers for one target (absent where Triton builds none)."""
+
+    modules: int = 0  # distinct C modules the warmed variants need: launchers + the driver's utilities
+    built: int = 0
+    cached: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why none could be built here, with the fix, in one line
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "summary": self.summary()}
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"C launchers not built: {self.skipped}"
+        failed = f", {len(self.failed)} failed" if self.failed else ""
+        return (f"C launchers: {self.modules} needed: {self.built} built, {self.cached} already cached{failed} "
+                f"in {self.seconds:.1f} s")
+
+
+# --------------------------------------------------------------------------- what this Triton builds
+
+
+def _driver_module(backend: str):
+    return importlib.import_module(f"triton.backends.{'nvidia' if backend == 'cuda' else 'amd'}.driver")
+
+
+def _build_module():
+    return importlib.import_module("triton.runtime.build")
+
+
+def builds_per_signature(backend: str) -> bool:
+    """True where Triton generates and compiles a C launcher per kernel signature (3.6)."""
+    return hasattr(_driver_module(backend), "make_launcher")
+
+
+def utilities_keyed_by_source() -> bool:
+    """True where a C module's cache key is its source alone (3.6, 3.7), not also the machine's library dirs."""
+    return not hasattr(_build_module(), "_get_cache_manager")
+
+
+def serving_build_is_warmable(name: str) -> bool:
+    """Whether warm-up puts the C module ``name`` in the cache on this Triton (serving-time policy)."""
+    import torch
+
+    if torch.version.hip is not None:
+        return False
+    if name == LAUNCHER:
+        return builds_per_signature("cuda")
+    return name == DRIVER_UTILITIES["cuda"] and utilities_keyed_by_source()
+
+
+def _c_compiler() -> str | None:
+    """The compiler Triton's builder picks (``CC``, else gcc, else clang), if it exists."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    return shutil.which(cc) if cc else None
+
+
+def _python_include_dir() -> str:
+    scheme = sysconfig.get_default_scheme()
+    return sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
+
+
+def _serving_fingerprint() -> dict | None:
+    """The fingerprint of the environment being warmed for (``warmup --for``), if any."""
+    from .cache import env
+
+    return getattr(env, "_serving", None)
+
+
+def why_not_buildable(backend: str, serving: dict | None = None) -> str | None:
+    """One line saying why the C launchers cannot be built here, with the fix; None when they can."""
+    from triton import knobs
+
+    if backend != "cuda":
+        return ("Triton's HIP launcher embeds the path of the serving machine's libamdhip64.so, so only the "
+                "serving machine can build it (it will, once per signature, at first launch)")
+    python = (serving or {}).get("python", {})
+    ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if python.get("ext_suffix") and python["ext_suffix"] != ext_suffix:
+        return (f"the serving Python's extensions end in {python['ext_suffix']}, this one's in {ext_suffix}: "
+                f"run warm-up with Python {python.get('version', '?')} (a C compiler and its headers) to build them")
+    platform = (serving or {}).get("platform")
+    if platform and platform != sysconfig.get_platform():
+        return f"the serving platform is {platform}, this one is {sysconfig.get_platform()}: warm up on {platform}"
+    if knobs.build.impl is None:
+        if _c_compiler() is None:
+            return "no C compiler (set CC or install gcc), which Triton needs to build them"
+        if not os.path.exists(os.path.join(_python_include_dir(), "Python.h")):
+            return (f"no Python headers in {_python_include_dir()} (install this Python's development "
+                    "package, e.g. python3-dev)")
+    return None
+
+
+# --------------------------------------------------------------------------- Triton's sources, recorded
+
+
+class _NotLoaded:
+    """Stands for a built module Triton would load: warm-up must not load a launcher into this process."""
+
+    def __init__(self, name: str, path: str | None = None):
+        self.name, self.path = name, path
+
+    def __getattr__(self, attribute):
+        return None
+
+
+@contextlib.contextmanager
+def _driver_library_dirs(driver_module, library_dir: str):
+    """Triton's CUDA driver looks for libcuda.so.1 to link against; point it at ``library_dir``."""
+    from triton import knobs
+
+    caches = [getattr(driver_module, n) for n in ("libcuda_dirs", "library_dirs") if hasattr(driver_module, n)]
+    with knobs.nvidia.scope():
+        knobs.nvidia.libcuda_path = library_dir
+        for cached in caches:
+            cached.cache_clear()
+        try:
+            yield
+        finally:
+            for cached in caches:
+                cached.cache_clear()
+
+
+@dataclass
+class BuilderCall:
+    """One ``compile_module_from_src`` call Triton's runtime will make, and what needs it."""
+
+    kwargs: dict
+    needed_by: str
+
+    @property
+    def name(self) -> str:
+        return self.kwargs["name"]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} of {self.needed_by}"
+
+
+def builder_calls(compiled_kernels, backend: str, library_dir: str) -> list[BuilderCall]:
+    """The ``compile_module_from_src`` calls Triton's runtime will make for these kernels, deduplicated:
+    each launcher's (where built per signature) and the driver utilities' (where keyed by source).
+
+    Triton's own classes generate the sources; their builder call is recorded, not run.
+    """
+    driver_module = _driver_module(backend)
+    calls: dict[tuple[str, str], BuilderCall] = {}
+    needed_by = "the driver"
+
+    def record(src, name, library_dirs=None, include_dirs=None, libraries=None, ccflags=None):
+        kwargs = dict(src=src, name=name, library_dirs=library_dirs, include_dirs=include_dirs, libraries=libraries,
+                      ccflags=ccflags)
+        calls.setdefault((name, src), BuilderCall(kwargs, needed_by))
+        return _NotLoaded(name)
+
+    with _patch_lock, _driver_library_dirs(driver_module, library_dir):
+        saved = dict(vars(driver_module))  # CudaUtils sets module globals from the module it loads
+        driver_module.compile_module_from_src = record
+        try:
+            if builds_per_signature(backend):
+                for kernel in compiled_kernels:
+                    needed_by = kernel.name
+                    driver_module.CudaLauncher(kernel.src, kernel.metadata)
+            if utilities_keyed_by_source():
+                needed_by = "the driver"
+                utilities = driver_module.CudaUtils
+                utilities.__init__(object.__new__(utilities))
+        finally:
+            vars(driver_module).update(saved)
+    return list(calls.values())
+
+
+_DRIVER_CALL = re.compile(r"\b(cu[A-Z]\w*)\s*\(")
+
+
+def write_stub_libcuda(directory: str, sources: list[str]) -> str:
+    """An empty ``libcuda.so.1`` in ``directory``, to link against: it defines each driver function the
+    sources call, so that the linker (``--as-needed``) keeps ``libcuda.so.1`` as a dependency exactly as
+    with the real library; at run time the real one is loaded in its place."""
+    names = sorted({name for src in sources for name in _DRIVER_CALL.findall(src)})
+    src = Path(directory, "libcuda_stub.c")
+    src.write_text("".join(f"int {name}(void) {{ return 0; }}\n" for name in names) or "int cuInit(void);\n")
+    library = Path(directory, "libcuda.so.1")
+    subprocess.run([_c_compiler() or "cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(library),
+                    str(src)], check=True, capture_output=True)
+    return str(library)
+
+
+@contextlib.contextmanager
+def _lookups(on_miss):
+    """Triton's own cache lookup of C modules, with ``on_miss(name)`` run instead of a build when
+    ``on_miss`` is given, and nothing loaded into this process."""
+    build = _build_module()
+    with _patch_lock:
+        saved = build._load_module_from_path, build._build
+        build._load_module_from_path = _NotLoaded
+        if on_miss is not None:
+            original_build = saved[1]
+
+            def build_or_refuse(name, *args, **kwargs):
+                on_miss(name)
+                return original_build(name, *args, **kwargs)
+
+            build._build = build_or_refuse
+        try:
+            yield build
+        finally:
+            build._load_module_from_path, build._build = saved
+
+
+# --------------------------------------------------------------------------- warm-up and check
+
+
+def _compiled(variants, target, cache_dir):
+    """Triton's ``CompiledKernel`` of each warmed variant, read back from the cache (nothing compiles)."""
+    from .compile import compile_variant
+
+    return [compile_variant(v, target, cache_dir) for v in variants]
+
+
+def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
+                     serving: dict | None = None) -> CLauncherReport | None:
+    """Build the C launchers (and driver utilities) the runtime will build for ``variants``, into the
+    cache; None where this Triton builds none for the target's backend."""
+    from .compile import triton_cache_dir
+
+    backend = target.backend
+    if not variants or not (builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())):
+        return None
+    start = time.perf_counter()
+    report = CLauncherReport()
+    report.skipped = why_not_buildable(backend, serving if serving is not None else _serving_fingerprint())
+    if report.skipped:
+        return report
+    counted = threading.Lock()
+
+    def count_build(name):
+        with counted:
+            report.built += 1
+
+    with tempfile.TemporaryDirectory(prefix="tritonwarm-libcuda-") as library_dir, triton_cache_dir(cache_dir):
+        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
+        report.modules = len(calls)
+        write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
+        with _lookups(count_build) as build:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(calls)))) as pool:
+                futures = {pool.submit(build.compile_module_from_src, **call.kwargs): call for call in calls}
+                for future in concurrent.futures.as_completed(futures):
+                    try:
+                        future.result()
+                    except Exception as e:  # a compiler error: say which module, keep the others
+                        report.failed.append(f"{futures[future].label}: {type(e).__name__}: {e}")
+    report.cached = report.modules - report.built - len(report.failed)
+    report.seconds = round(time.perf_counter() - start, 3)
+    return report
+
+
+class _Missing(Exception):
+    pass
+
+
+def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], str | None]:
+    """The C modules the runtime would build for ``variants`` (whose entries are in the cache), and the
+    fix in one line; ``([], None)`` when none would be built."""
+    from .compile import triton_cache_dir
+
+    backend = target.backend
+    if not variants or not (builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())):
+        return [], None
+    if backend != "cuda":
+        return [], None  # built on the serving machine only; warm-up says why
+    missing: list[str] = []
+
+    def refuse(name):
+        raise _Missing(name)
+
+    before = set(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else set()
+    with tempfile.TemporaryDirectory() as library_dir, triton_cache_dir(cache_dir):
+        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
+        with _lookups(refuse) as build:
+            for call in calls:
+                try:
+                    build.compile_module_from_src(**call.kwargs)
+                except (_Missing, OSError):  # OSError: a read-only cache without it
+                    missing.append(call.label)
+    for name in set(os.listdir(cache_dir)) - before:  # Triton makes a folder per lookup: leave none behind
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(cache_dir, name))
+    if not missing:
+        return [], None
+    return missing, why_not_buildable(backend) or "run warmup again (with a C compiler and this Python's headers)"
