@@ -15,8 +15,10 @@ class EngineMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.serve_compiles = Counter("tritonwarm_serve_compiles", "Kernel compiles at serving time "
-                                      "(on a dry run: variants that would compile)", registry=r)
+        self.serve_compiles = Counter("tritonwarm_serve_compiles", "Kernel compiles and C launcher builds at "
+                                      "serving time (on a dry run: variants that would compile)", registry=r)
+        self.serve_c_builds = Counter("tritonwarm_serve_c_builds", "C modules (launchers, driver utilities) "
+                                      "Triton built at serving time (counted in serve_compiles too)", registry=r)
         self.serve_compile_seconds = Counter("tritonwarm_serve_compile_seconds",
                                              "Seconds spent compiling at serving time", registry=r)
         self.cache_hits = Counter("tritonwarm_cache_hits", "Variants served from the warmed cache", registry=r)
@@ -30,6 +32,7 @@ class EngineMetrics:
         monitor = report.monitor
         self.serve_compiles.inc(report.serve_compiles)
         self.serve_compile_seconds.inc(monitor.compile_seconds)
+        self.serve_c_builds.inc(len(monitor.c_builds))
         self.cache_hits.inc(monitor.hits)
         self.cache_misses.inc(len(monitor.misses))
         for kernel, count in sorted(monitor.launches.items()):

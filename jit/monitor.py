@@ -63,8 +63,9 @@ class DispatchMonitor:
         self.policy = policy
         self.dispatches: dict[str, Dispatch] = {}
         self.launches: collections.Counter[str] = collections.Counter()
-        self.compiles = 0
+        self.compiles = 0  # kernel compiles and C builds at serving time
         self.compile_seconds = 0.0
+        self.c_builds: list[str] = []  # names of the C modules Triton built at serving time
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ recording
@@ -153,11 +154,47 @@ class DispatchMonitor:
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = on_compile_request, after_compile
         token = launch_observer.set(self)
         try:
-            yield self
+            with _counting_c_builds(self):
+                yield self
         finally:
             launch_observer.reset(token)
             with _hook_lock:
                 knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = saved
+
+
+@contextlib.contextmanager
+def _counting_c_builds(monitor: DispatchMonitor):
+    """Triton's C builds (a launcher per kernel signature on 3.6, the driver's utilities once per cache)
+    count as compiles at serving time; under policy ``error`` one that warm-up would have made is refused."""
+    from triton.runtime import build
+
+    from .c_launchers import serving_build_is_warmable
+
+    original = build._build
+
+    def counted_build(name, *args, **kwargs):
+        if monitor.policy != "off":
+            message = (f"Triton is building its C module {name} at serving time: {monitor.cache_dir} lacks it "
+                       "(warm up with this Python, a C compiler and its headers)")
+            if monitor.policy == "error" and serving_build_is_warmable(name):
+                raise JitPolicyError(message)
+            log.warning(message)
+        start = time.perf_counter()
+        try:
+            return original(name, *args, **kwargs)
+        finally:
+            with monitor._lock:
+                monitor.compiles += 1
+                monitor.compile_seconds += time.perf_counter() - start
+                monitor.c_builds.append(name)
+
+    with _hook_lock:
+        build._build = counted_build
+    try:
+        yield
+    finally:
+        with _hook_lock:
+            build._build = original
 
 
 class _DryRunSink(FakeLaunchSink):

@@ -1,0 +1,238 @@
+"""Triton's C launchers: warm-up builds them where Triton builds one per signature (3.6), named as the
+runtime looks them up; `check` lists the missing ones; serving counts every C build as a compile."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import types
+from unittest import mock
+
+import pytest
+import torch
+from triton import knobs
+from tritonwarm.engine.metrics import EngineMetrics
+from tritonwarm.jit import TARGETS, c_launchers, fake_tensor
+from tritonwarm.jit.check import check
+from tritonwarm.jit.compile import triton_cache_dir
+from tritonwarm.jit.kernel import FakeLaunchSink, fake_launches
+from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from tritonwarm.jit.plan import Plan
+from tritonwarm.jit.specialization import cpu_twin
+from tritonwarm.jit.trace import trace_call
+from tritonwarm.jit.warmup import warm
+from tritonwarm.launchers import rms_norm
+
+SM90 = TARGETS["sm90"]
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+PER_SIGNATURE = c_launchers.builds_per_signature("cuda")
+needs_per_signature = pytest.mark.skipif(not PER_SIGNATURE, reason="this Triton builds no launcher per signature")
+
+
+def calls():
+    """Two signatures (plain and fused RMSNorm), each launched as a server would: (launcher, fake args)."""
+    x, w = fake_tensor((3, 2048), torch.bfloat16), fake_tensor((2048,), torch.bfloat16)
+    return [(rms_norm, (x, w, 1e-6)), (rms_norm, (x, w, 1e-6, fake_tensor((3, 2048), torch.bfloat16)))]
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("c-launchers")
+    the_plan = Plan(SM90)
+    for fn, args in calls():
+        the_plan.variants.update({v.cache_hash: v for v in trace_call(SM90, fn, *args)})
+    result = warm(the_plan, cache)
+    assert result.failed == 0 and result.compiled == len(the_plan.variants) == 2
+    return cache, the_plan, result
+
+
+class _RuntimeSink(FakeLaunchSink):
+    """Triton's own ``JITFunction.run`` for each launch (no hook): the ``CompiledKernel`` it returns."""
+
+    def __init__(self):
+        self.kernels = []
+
+    def launch(self, kernel, launch, target):
+        self.kernels.append(kernel.fake_run(launch))
+
+
+def runtime_lookups(cache, monkeypatch, tmp_path):
+    """Run the runtime's own path on real CPU tensors: JITFunction.run → CompiledKernel → the driver's
+    CudaLauncher and CudaUtils, which compute each C module's cache key and look it up. Building is
+    patched to fail (a miss is loud) and loading to record the path found (nothing is loaded)."""
+    from triton.backends.nvidia import driver as cuda_driver
+    from triton.runtime import build
+
+    sink = _RuntimeSink()
+    with fake_launches(sink, SM90), triton_cache_dir(cache):
+        for fn, args in calls():
+            fn(*cpu_twin(args))
+    found = []
+
+    def refuse(name, *args, **kwargs):
+        raise AssertionError(f"Triton would build {name}: the warmed cache lacks it")
+
+    def record(name, path):
+        found.append((name, path))
+        return mock.MagicMock()
+
+    monkeypatch.setattr(build, "_build", refuse)
+    monkeypatch.setattr(build, "_load_module_from_path", record)
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path))  # library_dirs() must not look for a GPU here
+    monkeypatch.setattr(cuda_driver, "PyCUtensorMap", cuda_driver.PyCUtensorMap)  # CudaUtils sets it
+    for cached in (cuda_driver.libcuda_dirs, cuda_driver.library_dirs):
+        cached.cache_clear()
+    try:
+        with triton_cache_dir(cache):
+            for kernel in sink.kernels:
+                cuda_driver.CudaLauncher(kernel.src, kernel.metadata)
+            cuda_driver.CudaUtils.__init__(object.__new__(cuda_driver.CudaUtils))
+    finally:
+        for cached in (cuda_driver.libcuda_dirs, cuda_driver.library_dirs):
+            cached.cache_clear()
+    return sink.kernels, found
+
+
+@needs_per_signature
+def test_warmup_builds_the_launcher_of_every_warmed_signature(warmed, compile_counter, monkeypatch, tmp_path):
+    cache, _, result = warmed
+    assert result.c_launchers["built"] == 3 and not result.c_launchers["failed"]  # 2 launchers + cuda_utils
+    kernels, found = runtime_lookups(cache, monkeypatch, tmp_path)
+    assert compile_counter.count == 0 and len(kernels) == 2
+    assert sorted(name for name, _ in found) == ["__triton_launcher", "__triton_launcher", "cuda_utils"]
+    for name, path in found:
+        assert os.path.dirname(os.path.dirname(path)) == str(cache)
+        assert os.path.basename(path) == name + EXT_SUFFIX and os.path.getsize(path) > 0
+    assert len({path for _, path in found}) == 3
+
+
+@needs_per_signature
+def test_warmup_again_finds_them_cached(warmed):
+    cache, the_plan, _ = warmed
+    again = warm(the_plan, cache)
+    assert again.c_launchers["built"] == 0 and again.c_launchers["cached"] == 3
+
+
+@needs_per_signature
+@pytest.mark.slow
+def test_built_launchers_load_as_extensions_of_this_python(warmed, tmp_path):
+    """Linked against the stub, each module still depends on libcuda.so.1 (as when linked against the real
+    one), and this Python loads it once some libcuda.so.1 is present."""
+    cache, _, _ = warmed
+    stub = c_launchers.write_stub_libcuda(str(tmp_path), [])
+    modules = sorted(str(p) for p in cache.glob(f"*/*{EXT_SUFFIX}"))
+    assert len(modules) == 3
+    for path in modules:
+        needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+        assert "[libcuda.so.1]" in needed, path
+    script = textwrap.dedent(f"""
+        import ctypes, importlib.util, os, sys
+        ctypes.CDLL({stub!r}, mode=os.RTLD_GLOBAL)
+        sys.setdlopenflags(os.RTLD_LAZY)
+        for path in {modules!r}:
+            name = os.path.basename(path).split(".")[0]
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            assert hasattr(module, "launch" if name == "__triton_launcher" else "load_binary"), path
+        print("loaded", len({modules!r}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "loaded 3" in out.stdout, out.stderr
+
+
+@pytest.mark.skipif(PER_SIGNATURE or c_launchers.utilities_keyed_by_source(), reason="this Triton builds C modules")
+def test_a_triton_without_per_signature_launchers_builds_nothing_and_says_nothing(warmed):
+    cache, the_plan, result = warmed
+    assert result.c_launchers is None
+    assert not list(cache.glob(f"*/*{EXT_SUFFIX}"))
+    report = check(the_plan, cache)
+    assert report.missing_c_launchers == [] and report.ok
+
+
+@needs_per_signature
+def test_check_lists_a_missing_launcher_with_the_fix(warmed, tmp_path):
+    cache, the_plan, _ = warmed
+    assert check(the_plan, cache).ok
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    launcher = next(copy.glob(f"*/__triton_launcher{EXT_SUFFIX}"))
+    shutil.rmtree(launcher.parent)
+    entries = sorted(os.listdir(copy))
+    report = check(the_plan, copy)
+    assert not report.ok and not report.missing
+    assert len(report.missing_c_launchers) == 1 and "rms_norm_kernel" in report.missing_c_launchers[0]
+    assert "warmup" in report.c_launcher_fix
+    assert sorted(os.listdir(copy)) == entries  # the lookups left no empty folder behind
+
+
+def test_says_in_one_line_why_launchers_cannot_be_built(monkeypatch):
+    other = ".cpython-399-x86_64-linux-gnu.so"
+    reason = c_launchers.why_not_buildable("cuda", {"python": {"ext_suffix": other, "version": "3.99.0"}})
+    assert other in reason and "Python 3.99.0" in reason and "\n" not in reason
+    assert "libamdhip64" in c_launchers.why_not_buildable("hip")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert "no C compiler" in c_launchers.why_not_buildable("cuda")
+
+
+@needs_per_signature
+def test_warmup_without_a_compiler_builds_nothing_and_says_so(warmed, tmp_path, monkeypatch):
+    _, the_plan, _ = warmed
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    report = c_launchers.warm_c_launchers(list(the_plan.variants.values()), SM90, tmp_path)
+    assert report.built == 0 and "no C compiler" in report.summary()
+    assert not list(tmp_path.glob(f"*/*{EXT_SUFFIX}"))
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def _probe_source(name: str) -> str:
+    return (f"#include <Python.h>\n"
+            f"static struct PyModuleDef m = {{PyModuleDef_HEAD_INIT, \"{name}\", NULL, -1, NULL}};\n"
+            f"PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&m); }}\n")
+
+
+def test_serving_counts_a_c_build_as_a_compile(tmp_path, caplog):
+    from triton.runtime.build import compile_module_from_src
+
+    monitor = DispatchMonitor(tmp_path, policy="warn")
+    with triton_cache_dir(tmp_path), monitor.serving():
+        module = compile_module_from_src(_probe_source("tritonwarm_probe"), "tritonwarm_probe")
+    assert module.__name__ == "tritonwarm_probe"
+    assert monitor.compiles == 1 and monitor.c_builds == ["tritonwarm_probe"] and monitor.compile_seconds > 0
+    assert "building its C module tritonwarm_probe at serving time" in caplog.text
+    metrics = EngineMetrics()
+    metrics.observe(types.SimpleNamespace(monitor=monitor, serve_compiles=monitor.compiles,
+                                          result=types.SimpleNamespace(steps=1, generated_tokens=1)))
+    text = metrics.text()
+    assert "tritonwarm_serve_compiles_total 1.0" in text and "tritonwarm_serve_c_builds_total 1.0" in text
+    with triton_cache_dir(tmp_path), monitor.serving():  # now cached: nothing built, nothing counted
+        compile_module_from_src(_probe_source("tritonwarm_probe"), "tritonwarm_probe")
+    assert monitor.compiles == 1
+
+
+@pytest.mark.skipif(not c_launchers.serving_build_is_warmable(c_launchers.LAUNCHER),
+                    reason="warm-up builds no launcher on this Triton")
+def test_error_policy_refuses_a_launcher_build_before_it_starts(tmp_path):
+    from triton.runtime.build import compile_module_from_src
+
+    monitor = DispatchMonitor(tmp_path, policy="error")
+    with triton_cache_dir(tmp_path), monitor.serving():
+        with pytest.raises(JitPolicyError, match="C module __triton_launcher at serving time"):
+            compile_module_from_src(_probe_source("__triton_launcher"), "__triton_launcher")
+    assert not list(tmp_path.glob(f"*/*{EXT_SUFFIX}"))
+    assert knobs.build.impl is None
+
+
+@pytest.mark.skipif(c_launchers.serving_build_is_warmable("cuda_utils"), reason="warm-up builds cuda_utils here")
+def test_error_policy_counts_what_no_warmup_could_provide(tmp_path, caplog):
+    """From Triton 3.8 cuda_utils' key names the serving machine's library dirs: counted and logged."""
+    from triton.runtime.build import compile_module_from_src
+
+    monitor = DispatchMonitor(tmp_path, policy="error")
+    with triton_cache_dir(tmp_path), monitor.serving():
+        compile_module_from_src(_probe_source("cuda_utils"), "cuda_utils")
+    assert monitor.c_builds == ["cuda_utils"] and monitor.compiles == 1
