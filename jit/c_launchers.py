@@ -82,6 +82,11 @@ def utilities_keyed_by_source() -> bool:
     return not hasattr(_build_module(), "_get_cache_manager")
 
 
+def builds_c_modules(backend: str) -> bool:
+    """Whether warm-up has C modules to build for this backend on this Triton (launchers or utilities)."""
+    return builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())
+
+
 def serving_build_is_warmable(name: str) -> bool:
     """Whether warm-up puts the C module ``name`` in the cache on this Triton (serving-time policy)."""
     import torch
@@ -269,7 +274,7 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
     from .compile import triton_cache_dir
 
     backend = target.backend
-    if not variants or not (builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())):
+    if not variants or not builds_c_modules(backend):
         return None
     start = time.perf_counter()
     report = CLauncherReport()
@@ -306,13 +311,23 @@ class _Missing(Exception):
 def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], str | None]:
     """The C modules the runtime would build for ``variants`` (whose entries are in the cache), and the
     fix in one line; ``([], None)`` when none would be built."""
+    _, missing = look_up_c_launchers(variants, target, cache_dir)
+    if not missing:
+        return [], None
+    fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
+    return missing, fix
+
+
+def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[str]]:
+    """How many C modules the runtime needs for ``variants`` (entries in the cache), and which of them
+    the cache lacks, as Triton's own lookup finds them (nothing is built or loaded)."""
     from .compile import triton_cache_dir
 
     backend = target.backend
-    if not variants or not (builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())):
-        return [], None
+    if not variants or not builds_c_modules(backend):
+        return 0, []
     if backend != "cuda":
-        return [], None  # built on the serving machine only; warm-up says why
+        return 0, []  # built on the serving machine only; warm-up says why
     missing: list[str] = []
 
     def refuse(name):
@@ -330,6 +345,4 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
     for name in set(os.listdir(cache_dir)) - before:  # Triton makes a folder per lookup: leave none behind
         with contextlib.suppress(OSError):
             os.rmdir(os.path.join(cache_dir, name))
-    if not missing:
-        return [], None
-    return missing, why_not_buildable(backend) or "run warmup again (with a C compiler and this Python's headers)"
+    return len(calls), missing
