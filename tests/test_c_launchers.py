@@ -28,7 +28,10 @@ from tritonwarm.launchers import rms_norm
 SM90 = TARGETS["sm90"]
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 PER_SIGNATURE = c_launchers.builds_per_signature("cuda")
-needs_per_signature = pytest.mark.skipif(not PER_SIGNATURE, reason="this Triton builds no launcher per signature")
+BUILDS = c_launchers.builds_c_modules("cuda")
+# what the runtime builds for the two signatures below: a launcher each (3.6), and cuda_utils (3.6, 3.7)
+EXPECTED = ["__triton_launcher"] * 2 * PER_SIGNATURE + ["cuda_utils"] * BUILDS
+needs_builds = pytest.mark.skipif(not BUILDS, reason="this Triton builds no C module warm-up could provide")
 
 
 def calls():
@@ -86,7 +89,7 @@ def runtime_lookups(cache, monkeypatch, tmp_path):
         cached.cache_clear()
     try:
         with triton_cache_dir(cache):
-            for kernel in sink.kernels:
+            for kernel in sink.kernels if PER_SIGNATURE else ():
                 cuda_driver.CudaLauncher(kernel.src, kernel.metadata)
             cuda_driver.CudaUtils.__init__(object.__new__(cuda_driver.CudaUtils))
     finally:
@@ -95,27 +98,27 @@ def runtime_lookups(cache, monkeypatch, tmp_path):
     return sink.kernels, found
 
 
-@needs_per_signature
+@needs_builds
 def test_warmup_builds_the_launcher_of_every_warmed_signature(warmed, compile_counter, monkeypatch, tmp_path):
     cache, _, result = warmed
-    assert result.c_launchers["built"] == 3 and not result.c_launchers["failed"]  # 2 launchers + cuda_utils
+    assert result.c_launchers["built"] == len(EXPECTED) and not result.c_launchers["failed"]
     kernels, found = runtime_lookups(cache, monkeypatch, tmp_path)
     assert compile_counter.count == 0 and len(kernels) == 2
-    assert sorted(name for name, _ in found) == ["__triton_launcher", "__triton_launcher", "cuda_utils"]
+    assert sorted(name for name, _ in found) == EXPECTED
     for name, path in found:
         assert os.path.dirname(os.path.dirname(path)) == str(cache)
         assert os.path.basename(path) == name + EXT_SUFFIX and os.path.getsize(path) > 0
-    assert len({path for _, path in found}) == 3
+    assert len({path for _, path in found}) == len(EXPECTED)
 
 
-@needs_per_signature
+@needs_builds
 def test_warmup_again_finds_them_cached(warmed):
     cache, the_plan, _ = warmed
     again = warm(the_plan, cache)
-    assert again.c_launchers["built"] == 0 and again.c_launchers["cached"] == 3
+    assert again.c_launchers["built"] == 0 and again.c_launchers["cached"] == len(EXPECTED)
 
 
-@needs_per_signature
+@needs_builds
 @pytest.mark.slow
 def test_built_launchers_load_as_extensions_of_this_python(warmed, tmp_path):
     """Linked against the stub, each module still depends on libcuda.so.1 (as when linked against the real
@@ -123,7 +126,7 @@ def test_built_launchers_load_as_extensions_of_this_python(warmed, tmp_path):
     cache, _, _ = warmed
     stub = c_launchers.write_stub_libcuda(str(tmp_path), [])
     modules = sorted(str(p) for p in cache.glob(f"*/*{EXT_SUFFIX}"))
-    assert len(modules) == 3
+    assert len(modules) == len(EXPECTED)
     for path in modules:
         needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
         assert "[libcuda.so.1]" in needed, path
@@ -140,10 +143,10 @@ def test_built_launchers_load_as_extensions_of_this_python(warmed, tmp_path):
         print("loaded", len({modules!r}))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "loaded 3" in out.stdout, out.stderr
+    assert out.returncode == 0 and f"loaded {len(EXPECTED)}" in out.stdout, out.stderr
 
 
-@pytest.mark.skipif(PER_SIGNATURE or c_launchers.utilities_keyed_by_source(), reason="this Triton builds C modules")
+@pytest.mark.skipif(BUILDS, reason="this Triton builds C modules")
 def test_a_triton_without_per_signature_launchers_builds_nothing_and_says_nothing(warmed):
     cache, the_plan, result = warmed
     assert result.c_launchers is None
@@ -152,18 +155,19 @@ def test_a_triton_without_per_signature_launchers_builds_nothing_and_says_nothin
     assert report.missing_c_launchers == [] and report.ok
 
 
-@needs_per_signature
+@needs_builds
 def test_check_lists_a_missing_launcher_with_the_fix(warmed, tmp_path):
     cache, the_plan, _ = warmed
     assert check(the_plan, cache).ok
     copy = tmp_path / "cache"
     shutil.copytree(cache, copy)
-    launcher = next(copy.glob(f"*/__triton_launcher{EXT_SUFFIX}"))
-    shutil.rmtree(launcher.parent)
+    module = next(copy.glob(f"*/{EXPECTED[0]}{EXT_SUFFIX}"))
+    shutil.rmtree(module.parent)
     entries = sorted(os.listdir(copy))
     report = check(the_plan, copy)
     assert not report.ok and not report.missing
-    assert len(report.missing_c_launchers) == 1 and "rms_norm_kernel" in report.missing_c_launchers[0]
+    needed_by = "rms_norm_kernel" if PER_SIGNATURE else "the driver"
+    assert report.missing_c_launchers == [f"{EXPECTED[0]} of {needed_by}"]
     assert "warmup" in report.c_launcher_fix
     assert sorted(os.listdir(copy)) == entries  # the lookups left no empty folder behind
 
@@ -177,7 +181,7 @@ def test_says_in_one_line_why_launchers_cannot_be_built(monkeypatch):
     assert "no C compiler" in c_launchers.why_not_buildable("cuda")
 
 
-@needs_per_signature
+@needs_builds
 def test_warmup_without_a_compiler_builds_nothing_and_says_so(warmed, tmp_path, monkeypatch):
     _, the_plan, _ = warmed
     monkeypatch.setenv("CC", "/nonexistent/cc")
