@@ -282,24 +282,31 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
     if report.skipped:
         return report
     counted = threading.Lock()
+    attempted, broken = [], []
 
     def count_build(name):
         with counted:
-            report.built += 1
+            attempted.append(name)
 
     with tempfile.TemporaryDirectory(prefix="tritonwarm-libcuda-") as library_dir, triton_cache_dir(cache_dir):
-        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
+        try:
+            calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
+            write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
+        except Exception as e:  # Triton's driver code changed shape, or the stub does not link: say so
+            report.failed.append(f"preparing the C launchers: {type(e).__name__}: {e}")
+            calls = []
         report.modules = len(calls)
-        write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
         with _lookups(count_build) as build:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(calls)))) as pool:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(calls) or 1))) as pool:
                 futures = {pool.submit(build.compile_module_from_src, **call.kwargs): call for call in calls}
                 for future in concurrent.futures.as_completed(futures):
                     try:
                         future.result()
                     except Exception as e:  # a compiler error: say which module, keep the others
                         report.failed.append(f"{futures[future].label}: {type(e).__name__}: {e}")
-    report.cached = report.modules - report.built - len(report.failed)
+                        broken.append(futures[future])
+    report.built = len(attempted) - len(broken)
+    report.cached = report.modules - len(attempted)
     report.seconds = round(time.perf_counter() - start, 3)
     return report
 

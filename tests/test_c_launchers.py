@@ -240,3 +240,11 @@ def test_error_policy_counts_what_no_warmup_could_provide(tmp_path, caplog):
     with triton_cache_dir(tmp_path), monitor.serving():
         compile_module_from_src(_probe_source("cuda_utils"), "cuda_utils")
     assert monitor.c_builds == ["cuda_utils"] and monitor.compiles == 1
+
+
+@needs_builds
+def test_a_compiler_that_fails_is_a_warmup_failure_named_in_one_line(warmed, monkeypatch):
+    cache, the_plan, _ = warmed
+    monkeypatch.setenv("CC", shutil.which("false"))
+    report = c_launchers.warm_c_launchers(list(the_plan.variants.values()), SM90, cache)
+    assert report.built == 0 and len(report.failed) == 1 and "CalledProcessError" in report.failed[0]
