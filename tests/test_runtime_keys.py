@@ -73,3 +73,23 @@ def test_cpu_twin_keeps_layout_and_storage():
     assert real.device.type == "cpu" and real.dtype == fake.dtype
     assert (real.shape, real.stride(), real.storage_offset()) == (fake.shape, fake.stride(), fake.storage_offset())
     assert real.untyped_storage().nbytes() == fake.untyped_storage().nbytes()
+
+
+def test_the_comparison_sees_a_fake_without_storage_size(shipped_specs, monkeypatch):
+    """Control: fakes that carry only dtype and address (as before) warm other gfx keys, same sm90 keys."""
+    from tritonwarm.jit import kernel
+
+    class AddressOnly:
+        def __init__(self, fake):
+            self.dtype, self.address = fake.dtype, fake.address
+
+        def data_ptr(self):
+            return self.address
+
+    original = kernel.as_kernel_arg
+    monkeypatch.setattr(kernel, "as_kernel_arg", lambda v: AddressOnly(original(v)) if original(v) is not v else v)
+    spec = next(s for s in shipped_specs if s.kernel_path.endswith(":rms_norm"))
+    args, kwargs = spec.call_arguments(spec.rows()[0].values)
+    for name, same in (("sm90", True), ("gfx942", False)):
+        target = TARGETS[name]
+        assert (_keys(spec, target, args, kwargs) == _keys(spec, target, cpu_twin(args), cpu_twin(kwargs))) == same
