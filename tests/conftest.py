@@ -84,3 +84,19 @@ def rms_norm_runtime():
                 rms_norm_jit.jit_function.device_caches.pop(fake.device, None)
 
     return run
+
+
+@pytest.fixture
+def served_from_bundle():
+    """``served_from_bundle(check_report)``: check's verdict on what a bundle carries, every kernel entry.
+    Bundles do not carry Triton's C launchers: where Triton builds them (3.6, 3.7), check lists them apart,
+    and serving would build them at first launch."""
+    import dataclasses
+
+    from tritonwarm.jit import c_launchers
+
+    def served(report) -> bool:
+        listed = bool(report.missing_c_launchers) == c_launchers.builds_c_modules("cuda")
+        return listed and dataclasses.replace(report, missing_c_launchers=[], c_launcher_fix=None).ok
+
+    return served

@@ -52,7 +52,7 @@ def _members(path):
 
 @pytest.mark.parametrize("binary_only", [False, True])
 def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compile_counter, rms_norm_runtime,
-                                                     binary_only, capsys):
+                                                     binary_only, capsys, served_from_bundle):
     target, warmed = TARGETS["sm90"], tmp_path / "warmed"
     the_plan = plan(load_specs([spec_file]), target)
     assert warm(the_plan, warmed).compiled == 2
@@ -69,7 +69,7 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
     served = tmp_path / "srv" / "cache"
     assert main(["bundle", "install", str(bundle), "--cache-dir", str(served)]) == 0
     assert "installed 2, already there 0 of 2" in capsys.readouterr().out
-    assert check(plan(load_specs([spec_file]), target), served).ok
+    assert served_from_bundle(check(plan(load_specs([spec_file]), target), served))
     for group in served.glob("*/__grp__*.json"):
         assert all(p.startswith(str(served) + os.sep) for p in json.loads(group.read_text())["child_paths"].values())
 
@@ -82,7 +82,7 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
     assert compile_counter.count == before + 1
 
 
-def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file):
+def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file, served_from_bundle):
     warmed, served = tmp_path / "warmed", tmp_path / "served"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
     bundle = tmp_path / "b.tar.gz"
@@ -100,7 +100,7 @@ def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file):
     cubins[0].write_bytes(b"damaged")  # a damaged entry is replaced, the intact one left alone
     third = install(bundle, served, compare_environment=False)
     assert (third.installed, third.already) == (1, 1)
-    assert check(plan(load_specs([spec_file]), TARGETS["sm90"]), served).ok
+    assert served_from_bundle(check(plan(load_specs([spec_file]), TARGETS["sm90"]), served))
     assert not list((served / "tritonwarm").glob(".install-*"))  # no staging left behind
 
 
@@ -155,7 +155,7 @@ def _install_in_child(bundle, served):
 
 
 @pytest.mark.slow
-def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file):
+def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file, served_from_bundle):
     """10 installs killed at random moments: each entry is whole or absent; installing again completes."""
     warmed = tmp_path / "warmed"
     specs = load_specs([spec_file])
@@ -195,7 +195,7 @@ def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file):
         report = install(bundle, served, compare_environment=False)
         interrupted += code == -signal.SIGKILL and (report.installed > 0 or unmerged)
         assert report.installed + report.already == 2
-        assert check(plan(specs, TARGETS["sm90"]), served).ok
+        assert served_from_bundle(check(plan(specs, TARGETS["sm90"]), served))
         assert not list((served / "tritonwarm").glob(".install-*"))
     assert killed >= 3 and interrupted >= 1, (killed, interrupted)  # the kills did land mid-install
 
@@ -211,7 +211,7 @@ def test_header_comes_first(tmp_path, spec_file):
 
 
 @pytest.mark.slow
-def test_concurrent_installs_of_one_bundle(tmp_path, spec_file):
+def test_concurrent_installs_of_one_bundle(tmp_path, spec_file, served_from_bundle):
     """Four processes install at once: per-key locks, one manifest merge at a time, a complete cache."""
     warmed, served = tmp_path / "warmed", tmp_path / "served"
     specs = load_specs([spec_file])
@@ -225,6 +225,6 @@ def test_concurrent_installs_of_one_bundle(tmp_path, spec_file):
     for child in children:
         child.join()
     assert [c.exitcode for c in children] == [0] * 4
-    assert check(plan(specs, TARGETS["sm90"]), served).ok
+    assert served_from_bundle(check(plan(specs, TARGETS["sm90"]), served))
     assert len(Manifest(served, "sm90").read()) == 2
     assert not list((served / "tritonwarm").glob(".install-*"))
