@@ -12,6 +12,7 @@ import triton
 from triton.runtime import cache as triton_cache
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.c_launchers import builds_c_modules
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.cache.env import fingerprint, fingerprint_id, libtriton_path
 from tritonwarm.jit.cache.serving import fingerprint_from_wheel, load_fingerprint, serving_environment
@@ -114,7 +115,12 @@ def test_warm_for_env_json_is_what_that_runtime_reads(tmp_path, spec_file, env_j
     # the serving runtime: Triton's own triton_key() is the serving one, its env the serving env
     monkeypatch.setattr(triton_cache, "triton_key", lambda: serving_key)
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
-    assert check(plan(specs, target), cache).ok
+    served = check(plan(specs, target), cache)
+    assert not (served.missing or served.corrupt or served.other_environments), served
+    # Triton's C modules (3.6, 3.7) are built for the serving Python, whose headers a cross-warm lacks:
+    # check lists them apart, and that is all it finds
+    assert bool(served.missing_c_launchers) == builds_c_modules("cuda")
+    assert served.ok == (not served.missing_c_launchers)
     before = compile_counter.count
     for rows in (1, 37, 4096):
         for fused in (False, True):
@@ -141,8 +147,10 @@ def test_warmup_for_wheel_from_the_command_line(tmp_path, spec_file, wheel, serv
     [recorded] = Manifest(cache, "sm90").environments().values()
     assert recorded["warmed_for"]["source"] == wheel.name
 
+    # on a Triton that builds C modules (3.6, 3.7) check lists the ones only the serving Python can build
     assert main(["check", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for-wheel",
-                 str(wheel)]) == 0
+                 str(wheel)]) == (1 if builds_c_modules("cuda") else 0)
+    assert " 0 missing" in capsys.readouterr().out
     monkeypatch.setattr(triton_cache, "triton_key", lambda: serving_key)
     before = compile_counter.count
     for fused in (False, True):
