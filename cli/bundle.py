@@ -69,6 +69,9 @@ def add_parsers(sub) -> None:
     i.add_argument("--no-fsync", action="store_true",
                    help="do not flush each file to disk before it goes into place (an image build, whose layer "
                         "is written out afterwards; elsewhere a power loss could leave empty files)")
+    i.add_argument("--no-c-launchers", action="store_true",
+                   help="do not build Triton's C launchers for this Python (Triton 3.6/3.7 build them per kernel "
+                        "signature at first launch; install builds them for the entries it installed)")
     add_cache_args(i)
     i.set_defaults(func=cmd_install)
 
@@ -129,12 +132,43 @@ def cmd_install(args) -> int:
     report = install(args.bundle, cache_dir, durable=not args.no_fsync)
     for line in report.differences:
         print(f"tritonwarm: warning: {line}", file=sys.stderr)
+    launchers = {} if args.no_c_launchers or report.differences else _build_c_launchers(cache_dir, report.targets)
     if args.json:
-        print(json.dumps({**report.to_json(), "cache_dir": str(cache_dir)}, indent=1))
+        print(json.dumps({**report.to_json(), "cache_dir": str(cache_dir),
+                          "c_launchers": {t: r.to_json() for t, r in launchers.items()}}, indent=1))
     else:
         print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
               f"into {cache_dir}")
-    return 0
+        for target, launcher_report in launchers.items():
+            print(f"{target}: {launcher_report.summary()}")
+    return 1 if any(r.failed for r in launchers.values()) else 0
+
+
+def _build_c_launchers(cache_dir, targets) -> dict:
+    """Where this Triton builds a C launcher per kernel signature (3.6), build them now, on the serving
+    machine, for its Python: the build machine cannot (its Python may differ), and the first request
+    would otherwise wait for gcc. Only entries this runtime reads are used, so nothing compiles."""
+    from ..jit.c_launchers import builds_c_modules, warm_c_launchers
+    from ..jit.cache import Manifest, entry_files
+    from ..jit.cache.env import current_fingerprint, same_environment
+    from ..jit.cache.manifest import entry_fingerprint
+    from ..jit.targets import TARGETS
+    from ..jit.trace import Variant
+
+    runtime, reports = current_fingerprint(), {}
+    for name in targets:
+        target = TARGETS.get(name)
+        if target is None or not builds_c_modules(target.backend):
+            continue
+        manifest = Manifest(cache_dir, name)
+        environments = manifest.environments()
+        variants = [Variant.from_json(entry) for entry in manifest.read().values()
+                    if same_environment(entry_fingerprint(entry, environments), runtime, name)
+                    and entry_files(cache_dir, entry["entry_dir"], entry["entry_name"])]
+        report = warm_c_launchers(variants, target, cache_dir)
+        if report is not None:
+            reports[name] = report
+    return reports
 
 
 def cmd_merge(args) -> int:

@@ -13,6 +13,7 @@ import time
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.c_launchers import builds_per_signature
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.cache.bundle import HEADER_NAME, install, read_header, verify
 from tritonwarm.jit.check import check
@@ -68,8 +69,12 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
 
     served = tmp_path / "srv" / "cache"
     assert main(["bundle", "install", str(bundle), "--cache-dir", str(served)]) == 0
-    assert "installed 2, already there 0 of 2" in capsys.readouterr().out
-    assert served_from_bundle(check(plan(load_specs([spec_file]), target), served))
+    out = capsys.readouterr().out
+    assert "installed 2, already there 0 of 2" in out
+    # where Triton builds a C launcher per signature (3.6), install builds them, for this Python
+    assert ("sm90: C launchers: 3 needed: 3 built" in out) == builds_per_signature("cuda"), out  # + cuda_utils
+    report = check(plan(load_specs([spec_file]), target), served)
+    assert report.ok or (served_from_bundle(report) and not builds_per_signature("cuda")), report
     for group in served.glob("*/__grp__*.json"):
         assert all(p.startswith(str(served) + os.sep) for p in json.loads(group.read_text())["child_paths"].values())
 
