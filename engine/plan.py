@@ -90,11 +90,17 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         raise RuntimeError(f"the engine cannot be traced for {target.name}: {the_plan.errors[0]}")
     report = check(the_plan, cache_dir)
     problems = report.missing + report.corrupt
+    message = None
     if problems:
         kernels = sorted({p["kernel"].rsplit(".", 1)[-1] for p in problems})
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
                    f"{report.planned} variants this engine launches ({', '.join(kernels)}); run `tritonwarm "
                    f"warmup --engine-config CONFIG --target {target.name}`")
+    elif report.missing_c_launchers:  # Triton 3.6 would run gcc at the first launch of each signature
+        message = (f"engine start refused: the {target.name} cache {cache_dir} lacks "
+                   f"{len(report.missing_c_launchers)} of Triton's C launchers this engine needs: "
+                   f"{report.c_launcher_fix}")
+    if message:
         if policy == "error":
             raise JitPolicyError(message)
         if policy == "warn":

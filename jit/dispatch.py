@@ -22,7 +22,7 @@ _I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
 _MISSING = object()
 
 
-def _classifier(types: tuple, flags: list) -> Any:
+def _classifier(types: tuple, flags: list, hip: bool = False) -> Any:
     """Straight-line code computing the specialization of arguments of these exact types.
 
     Generated once per argument-type pattern (as Triton generates its binder), so the per-call
@@ -36,6 +36,8 @@ def _classifier(types: tuple, flags: list) -> Any:
             terms.append(f"{a}.dtype")
             if align:
                 terms.append(f"{a}.data_ptr() & 15 == 0")
+            if hip:  # HIP's buffer ops: a pointer-range attribute for storages of at most 2 GiB
+                terms.append(f"{a}.untyped_storage().size() <= {_I32_MAX}")
         elif kind is int:
             width = f"(0 if {_I32_MIN} <= {a} <= {_I32_MAX} else 1 if {a} <= {_I64_MAX} else 2)"
             terms.append(f"(-1 if {a} == 1 else {width} * 2 + ({a} & 15 == 0))" if specialize else width)
@@ -62,13 +64,17 @@ class FastDispatch:
                       for p in runtime]
         self.cache: dict[Any, tuple] = {}
         self.classifiers: dict[tuple, Any] = {}
+        self.hip_devices: dict[Any, bool] = {}  # device -> whether its backend is HIP
 
-    def signature(self, launch) -> tuple | None:
+    def signature(self, launch, device=None) -> tuple | None:
         args = launch.args
+        hip = self.hip_devices.get(device)
+        if hip is None:
+            hip = self.hip_devices[device] = driver.active.get_current_target().backend == "hip"
         types = tuple(map(type, args))
-        classify = self.classifiers.get(types, _MISSING)
+        classify = self.classifiers.get((types, hip), _MISSING)
         if classify is _MISSING:
-            classify = self.classifiers[types] = _classifier(types, self.flags)
+            classify = self.classifiers[(types, hip)] = _classifier(types, self.flags, hip)
         if classify is None:
             return None  # tuples, descriptors, dtypes...: Triton's own path
         return (types, classify(args), tuple(launch.constexprs.items()), launch.num_warps, launch.num_stages,
@@ -82,7 +88,7 @@ class FastDispatch:
         signature = None
         if self.enabled and not getattr(hooks, "calls", hooks):
             try:
-                signature = (device, self.signature(launch))
+                signature = (device, self.signature(launch, device))
                 entry = self.cache.get(signature) if signature[1] is not None else None
             except TypeError:  # an unhashable constexpr or option
                 signature, entry = None, None
@@ -102,6 +108,7 @@ class FastDispatch:
 
     def chosen_kernel(self, launch):
         """The kernel the fast path would launch for ``launch`` (None: it would defer to Triton)."""
-        signature = self.signature(launch)
-        entry = self.cache.get((driver.active.get_current_device(), signature)) if signature else None
+        device = driver.active.get_current_device()
+        signature = self.signature(launch, device)
+        entry = self.cache.get((device, signature)) if signature else None
         return entry[0] if entry else None

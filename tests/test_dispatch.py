@@ -101,3 +101,24 @@ def test_int_classes_match_tritons(value, expected):
     assert code == expected
     names = {-1: "one", 0: "i32", 1: "i32:div16", 2: "i64", 3: "i64:div16", 4: "u64", 5: "u64:div16"}
     assert names[code] == scalar_class(value)
+
+
+def test_hip_storages_over_2gib_are_another_class(compile_cache_dir):
+    """HIP's buffer ops mark pointers into storages of at most 2 GiB: a view of a larger storage is
+    another compiled kernel, and the fast path must not hand it the small storage's."""
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    w = torch.randn(64)
+    small = torch.randn(4, 64)
+    large = torch.empty(2**31 // 4 + 1024)[:256].view(4, 64)  # untouched pages: no real memory
+    with target_driver(TARGETS["gfx942"]), triton_cache_dir(compile_cache_dir):
+        launches = [rms_norm_launch(x, w, torch.empty_like(small), 1e-6) for x in (small, large)]
+        kernels = [rms_norm_jit.jit_function.run(*la.args, grid=la.grid, warmup=True, **la.kwargs())
+                   for la in launches]
+        assert kernels[0].hash != kernels[1].hash  # Triton's own choice differs
+        stub(kernels[0])
+        rms_norm_jit.fast.launch(launches[0])
+        assert rms_norm_jit.fast.chosen_kernel(launches[1]) is None  # not the small storage's kernel
+        stub(kernels[1])
+        assert rms_norm_jit.fast.launch(launches[1]) is kernels[1]
+        assert rms_norm_jit.fast.chosen_kernel(launches[1]) is kernels[1]

@@ -151,3 +151,23 @@ def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, 
     assert trace.unused  # the 16-row variants: warmed, never used by this workload
     text = "\n".join(format_trace_report(trace))
     assert f"miss    {trace.misses[0]['id']}  tuned_rms_norm first at step 0 (batch=1, tokens=7)" in text
+
+
+def test_jit_policy_error_refuses_a_cache_without_its_c_launchers(lite_cache, tmp_path):
+    """Where Triton builds a C launcher per kernel signature (3.6), a cache whose launchers are gone
+    would run gcc on the first request: the engine refuses to start under ``error``."""
+    import shutil
+
+    from tritonwarm.jit.c_launchers import builds_per_signature
+
+    if not builds_per_signature("cuda"):
+        pytest.skip("this Triton builds no C launcher per kernel signature")
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(lite_cache[0], cache_dir)
+    launchers = [p for p in cache_dir.glob("*/__triton_launcher*")]
+    assert launchers  # warm-up built them
+    for path in launchers:
+        shutil.rmtree(path.parent)
+    requests = make_workload(LITE, 2, 2, seed=3)
+    with pytest.raises(JitPolicyError, match="C launchers"):
+        serve(LITE, requests, policy="error", dry_run_target="sm90", cache_dir=cache_dir)
