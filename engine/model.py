@@ -153,6 +153,7 @@ def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, t
 
 def _cos_sin_cache(max_position: int, rot_dim: int, theta: float, device) -> torch.Tensor:
     """``[max_position, rot_dim]`` fp32: cos of each frequency, then sin (the rotary kernels' layout)."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
-    angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+    # Computed on the CPU (the same values on every device, meta included), then moved once.
+    inv_freq = 1.0 / theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device="cpu") / rot_dim)
+    angles = torch.outer(torch.arange(max_position, dtype=torch.float32, device="cpu"), inv_freq)
     return torch.cat([angles.cos(), angles.sin()], dim=-1).to(device)

@@ -112,7 +112,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         begin, end = info["data_offsets"]
         dtype = _ST_DTYPES[info["dtype"]]
         raw = torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=start + begin) \
-            if end > begin else torch.empty(0, dtype=torch.uint8)
+            if end > begin else torch.empty(0, dtype=torch.uint8, device="cpu")
         out[name] = raw.view(dtype).reshape(info["shape"]).clone()
     return out
 

@@ -255,12 +255,12 @@ def _e2m1_codes_reference(scaled: torch.Tensor) -> torch.Tensor:
     """Signed E2M1 codes of ``scaled``: clamp to 6 (the spec's saturation), then the nearest of the 8
     magnitudes, ties to the even code; sign bit only on a nonzero magnitude. float64 holds an fp32
     magnitude's distance to each table value exactly, so ties are seen as ties."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=scaled.device)
     magnitude = scaled.double().abs().clamp(max=6.0)
     distance = (magnitude.unsqueeze(-1) - table).abs()
     best = distance.min(dim=-1, keepdim=True).values
     candidates = distance == best  # one code, or two adjacent codes on a tie
-    is_even = torch.arange(8) % 2 == 0
+    is_even = torch.arange(8, device=scaled.device) % 2 == 0
     tie_winner = (candidates & is_even).to(torch.uint8).argmax(dim=-1)
     single = candidates.to(torch.uint8).argmax(dim=-1)
     code = torch.where(candidates.sum(dim=-1) > 1, tie_winner, single)
@@ -276,7 +276,7 @@ def _pack_reference(codes: torch.Tensor) -> torch.Tensor:
 def _unpack_reference(packed: torch.Tensor) -> torch.Tensor:
     """[..., K/2] bytes -> [..., K] float64 E2M1 values (code 0x8 -> -0.0)."""
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2).long()
-    values = torch.tensor(E2M1_VALUES, dtype=torch.float64)[codes & 7]
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)[codes & 7]
     return torch.where(codes >= 8, -values, values)
 
 
@@ -311,7 +311,7 @@ def nvfp4_quantize_reference(x: torch.Tensor, global_scale: torch.Tensor):
     def reciprocal(y):
         return torch.where(y == 0, torch.zeros_like(y), 1.0 / y)
 
-    block_scale = global_scale * (amax * torch.tensor(1 / 6, dtype=torch.float32))
+    block_scale = global_scale * (amax * torch.tensor(1 / 6, dtype=torch.float32, device=amax.device))
     scale_is_nan = torch.isnan(amax) | torch.isnan(block_scale)
     scale_fp8 = block_scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     scale_bytes = torch.where(scale_is_nan, E4M3_NAN, scale_fp8.view(torch.uint8).int()).to(torch.uint8)

@@ -161,15 +161,16 @@ def mla_decode_metadata_reference(seq_lens: torch.Tensor, num_parts: int, block_
             owned[(unit_start + overhead + block) // payload].append((request, block))
         unit_start += units[request]
 
-    schedule = torch.zeros(num_parts, 8, dtype=torch.int32)
+    schedule = torch.zeros(num_parts, 8, dtype=torch.int32, device="cpu")  # filled on the host, moved once
     splits = [0] * len(lengths)
     for part, work in enumerate(owned):
         if not work:
             schedule[part, 2] = -1
             continue
         (first_req, first_block), (last_req, last_block) = work[0], work[-1]
-        schedule[part, :5] = torch.tensor([first_req, first_block, last_req, last_block + 1, splits[first_req]])
+        schedule[part, :5] = torch.tensor([first_req, first_block, last_req, last_block + 1, splits[first_req]],
+                                          device="cpu")
         for request in sorted({r for r, _ in work}):
             splits[request] += 1
-    num_splits = torch.tensor([0] + splits, dtype=torch.int32).cumsum(0).to(torch.int32)
-    return schedule, num_splits
+    num_splits = torch.tensor([0] + splits, dtype=torch.int32, device="cpu").cumsum(0).to(torch.int32)
+    return schedule.to(seq_lens.device), num_splits.to(seq_lens.device)

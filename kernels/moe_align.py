@@ -106,8 +106,9 @@ def moe_align_block_size_reference(topk_ids, num_experts, block_size):
     flat = topk_ids.reshape(-1)
     numel = flat.numel()
     max_padded = numel + num_experts * (block_size - 1)
-    sorted_token_ids = torch.full((max_padded,), numel, dtype=torch.int32)
-    expert_ids = torch.full((-(-max_padded // block_size),), -1, dtype=torch.int32)
+    device = topk_ids.device
+    sorted_token_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
+    expert_ids = torch.full((-(-max_padded // block_size),), -1, dtype=torch.int32, device=device)
     position = 0
     for expert in range(num_experts):
         slots = torch.nonzero(flat == expert).flatten()  # ascending flat index
@@ -115,4 +116,4 @@ def moe_align_block_size_reference(topk_ids, num_experts, block_size):
         num_blocks = -(-len(slots) // block_size)
         expert_ids[position // block_size:position // block_size + num_blocks] = expert
         position += num_blocks * block_size
-    return sorted_token_ids, expert_ids, torch.tensor([position], dtype=torch.int32)
+    return sorted_token_ids, expert_ids, torch.tensor([position], dtype=torch.int32, device=device)

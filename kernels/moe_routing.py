@@ -120,7 +120,8 @@ def moe_topk_routing_reference(router_logits, top_k, scoring="softmax", renormal
         else:
             group_scores = grouped.max(dim=-1).values
         kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :topk_group]
-        group_kept = torch.zeros(num_tokens, num_expert_group, dtype=torch.bool).scatter_(1, kept, True)
+        group_kept = torch.zeros(num_tokens, num_expert_group, dtype=torch.bool, device=logits.device)
+        group_kept.scatter_(1, kept, True)
         choice = choice.masked_fill(~group_kept.repeat_interleave(group_size, dim=1), float("-inf"))
 
     topk_ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]

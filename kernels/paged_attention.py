@@ -156,12 +156,12 @@ def paged_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, 
     batch, num_heads, _ = q.shape
     heads_per_kv = num_heads // layout.num_kv_heads
     keys, values = layout.keys(kv_cache).float(), layout.values(kv_cache).float()
-    out = torch.zeros(batch, num_heads, layout.value_dim, dtype=torch.float32)
+    out = torch.zeros(batch, num_heads, layout.value_dim, dtype=torch.float32, device=q.device)
     for request in range(batch):
         length = int(seq_lens[request])
         if length == 0:
             continue
-        positions = torch.arange(length)
+        positions = torch.arange(length, device=q.device)
         blocks = block_table[request, positions // layout.block_size].long()
         rows = positions % layout.block_size
         k = keys[blocks, rows]  # [length, num_kv_heads, key_dim]

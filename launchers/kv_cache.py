@@ -103,7 +103,7 @@ class KVCacheLayout:
         """``(start, stop)`` bytes of block ``block_id`` from the start of a tensor made by ``allocate``."""
         if not 0 <= block_id < self.num_blocks:
             raise IndexError(f"block {block_id} outside [0, {self.num_blocks})")
-        size = self.block_numel * torch.empty((), dtype=dtype).element_size()
+        size = self.block_numel * dtype.itemsize
         return block_id * size, (block_id + 1) * size
 
     def check(self, kv_cache: torch.Tensor) -> None:
