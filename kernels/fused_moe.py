@@ -1,0 +1,94 @@
+"""Fused MoE expert GEMM device code, and its PyTorch reference.
+
+Input is ``moe_align_block_size``'s layout: ``sorted_token_ids`` groups the flat (token, k) slots by
+expert in blocks of ``BLOCK_M`` slots, each block one expert (``expert_ids``, -1 past
+``num_tokens_post_padded``), padding slots hold the sentinel ``numel``. One program computes a
+``BLOCK_M x BLOCK_N`` tile of one block: it gathers its rows of ``A`` (``slot // TOP_K``: the token's
+hidden state for the first GEMM, the slot's own row for the second), multiplies by the block's
+expert weight (``[E, N_total, K]``, nn.Linear layout) and writes the slot's output row.
+
+- ``GATED``: the first GEMM of a SwiGLU expert. The weight holds ``gate`` rows ``[0, N)`` then ``up``
+  rows ``[N, 2N)``; both accumulate side by side and the tile stores ``silu(gate) * up`` (fp32 math,
+  torch's formula), so the ``2N``-wide intermediate never reaches memory.
+- ``MUL_ROUTED_WEIGHT``: the second GEMM scales each slot's row by its routing weight (fp32).
+
+Accumulation is fp32; each tile rounds once, when stored. Padding slots and dropped slots (expert
+ids outside ``[0, E)``) are never written.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["num_valid_slots", "num_m_blocks"])
+def fused_moe_kernel(
+    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    num_valid_slots, num_m_blocks, N, K, a_row_stride, b_expert_stride, b_row_stride, c_row_stride,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Grouped order: GROUP_M row blocks share each column block of the weight while it is in L2.
+    pid = tl.program_id(0)
+    num_n_blocks = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n_blocks
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+        return  # a block past the experts' padded segments: nothing to compute
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_token_ids_ptr + offs_m)
+    slot_ok = slots < num_valid_slots
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_rows = a_ptr + (slots // TOP_K).to(tl.int64)[:, None] * a_row_stride
+    b_cols = b_ptr + expert * b_expert_stride + offs_n.to(tl.int64)[None, :] * b_row_stride
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_K):
+        k = k_start + offs_k
+        k_ok = k < K
+        a = tl.load(a_rows + k[None, :], mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
+        b_mask = k_ok[:, None] & n_ok[None, :]
+        b = tl.load(b_cols + k[:, None], mask=b_mask, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+        if GATED:
+            b_up = tl.load(b_cols + N * b_row_stride + k[:, None], mask=b_mask, other=0.0)
+            acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
+
+    out = acc
+    if GATED:
+        out = acc / (1.0 + tl.exp(-acc)) * acc_up  # silu(gate) * up, torch's silu formula
+    if MUL_ROUTED_WEIGHT:
+        weight = tl.load(topk_weights_ptr + slots, mask=slot_ok, other=0.0).to(tl.float32)
+        out = out * weight[:, None]
+    c = c_ptr + slots.to(tl.int64)[:, None] * c_row_stride + offs_n[None, :]
+    tl.store(c, out.to(c_ptr.dtype.element_ty), mask=slot_ok[:, None] & n_ok[None, :])
+
+
+def fused_moe_reference(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """One expert at a time, rounding where the kernels round: ``silu(gate) * up`` in fp32, stored in
+    ``hidden``'s dtype; the down projection times the routing weight in fp32, summed over the top-k
+    slots of each token in fp32, returned in ``hidden``'s dtype. Ids outside ``[0, E)`` add nothing."""
+    num_tokens, hidden_size = hidden.shape
+    top_k = topk_ids.shape[1]
+    intermediate = w_down.shape[2]
+    flat_ids = topk_ids.reshape(-1)
+    flat_weights = topk_weights.reshape(-1).float()
+    per_slot = torch.zeros(num_tokens * top_k, hidden_size, dtype=torch.float32, device=hidden.device)
+    for expert in range(w_gate_up.shape[0]):
+        slots = torch.nonzero(flat_ids == expert).flatten()
+        if slots.numel() == 0:
+            continue
+        gate_up = hidden[slots // top_k].float() @ w_gate_up[expert].float().T
+        act = (F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]).to(hidden.dtype)
+        per_slot[slots] = (act.float() @ w_down[expert].float().T) * flat_weights[slots, None]
+    return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)

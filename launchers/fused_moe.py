@@ -1,0 +1,155 @@
+"""Fused MoE expert GEMM launcher: routed tokens in, the experts' weighted sum out; plus the
+``tritonwarm::fused_moe`` op. Device code and layout in ``kernels/fused_moe.py``.
+
+Tile configs are data: a table keyed by M, the tokens in the call, in the format of vLLM's
+``fused_moe`` config files (``{"M": {"BLOCK_SIZE_M": .., "BLOCK_SIZE_N": .., "BLOCK_SIZE_K": ..,
+"GROUP_SIZE_M": .., "num_warps": .., "num_stages": ..}}``), and a call uses the entry whose key is
+nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
+specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
+``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+import triton
+
+from ..jit import JitKernel, Launch
+from ..kernels.fused_moe import fused_moe_kernel
+from .moe_align import moe_align_block_size
+
+DEFAULT_CONFIGS = Path(__file__).with_name("fused_moe_configs") / "default.json"
+_FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """Tile configs by M; ``select(m)`` is the entry of the key nearest to ``m`` (ties: the smaller)."""
+
+    keys: tuple[int, ...]
+    configs: tuple[TileConfig, ...]
+
+    def select(self, m: int) -> TileConfig:
+        # keys are few and sorted: a linear scan is cheaper than anything cleverer at this size
+        best = 0
+        for i, key in enumerate(self.keys):
+            if abs(key - m) < abs(self.keys[best] - m):
+                best = i
+        return self.configs[best]
+
+    def bucket_tokens(self, max_tokens: int) -> list[int]:
+        """One M per key up to ``max_tokens`` (clamped), so that a plan reaches every entry in use."""
+        return sorted({min(key, max_tokens) for key in self.keys})
+
+
+@cache
+def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
+    """A JSON (vLLM's format) or YAML file of tile configs keyed by M; one-line errors name the field."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path}: expected a mapping of M to a tile config")
+    entries = []
+    for key, entry in data.items():
+        try:
+            m = int(key)
+        except ValueError:
+            raise ValueError(f"{path}: key {key!r}: not an integer M") from None
+        missing = [f for f in _FIELDS if f not in entry]
+        if missing:
+            raise ValueError(f"{path}: {key}: missing {', '.join(missing)}")
+        config = TileConfig(*(int(entry[f]) for f in _FIELDS))
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(config, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{path}: {key}: {name} {value} must be a power of two >= 16 (tl.dot)")
+        entries.append((m, config))
+    entries.sort(key=lambda e: e[0])
+    return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
+
+
+# num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
+# N, K and the strides are per-model constants; TOP_K, the tile and the GEMM kind are constexprs.
+def fused_moe_gemm_launch(a, b, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                          top_k: int, gated: bool, mul_routed_weight: bool, config: TileConfig) -> Launch | None:
+    num_m_blocks = expert_ids.shape[0]
+    n = c.shape[1]
+    k = a.shape[1]
+    if num_m_blocks == 0 or n == 0:
+        return None
+    return Launch(
+        grid=(num_m_blocks * triton.cdiv(n, config.block_n),),
+        args=(a, b, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+              topk_weights.numel(), num_m_blocks, n, k, a.stride(0), b.stride(0), b.stride(1), c.stride(0)),
+        constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
+                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch)
+
+
+def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, tile_table: TileTable | None = None) -> torch.Tensor:
+    """``sum_k w[t, k] * down[e](silu(gate[e](x_t)) * up[e](x_t))`` with ``e = topk_ids[t, k]``.
+
+    ``hidden`` [T, H]; ``w_gate_up`` [E, 2I, H] (gate rows then up rows); ``w_down`` [E, H, I];
+    ``topk_weights`` / ``topk_ids`` [T, top_k] (the router's output). Returns [T, H] in ``hidden``'s
+    dtype. Two launches of one kernel (gate/up with SiLU-and-mul fused; down times the routing
+    weight), after ``moe_align_block_size`` with the tile's ``BLOCK_SIZE_M``.
+    """
+    num_tokens, hidden_size = hidden.shape
+    num_experts, two_i, k_in = w_gate_up.shape
+    intermediate = two_i // 2
+    if k_in != hidden_size or w_down.shape != (num_experts, hidden_size, intermediate):
+        raise ValueError(f"expert weights {tuple(w_gate_up.shape)} / {tuple(w_down.shape)} do not fit "
+                         f"hidden size {hidden_size}: expected [E, 2I, H] and [E, H, I]")
+    top_k = topk_ids.shape[1]
+    config = (tile_table or load_tile_table()).select(num_tokens)
+    if hidden.stride(1) != 1:
+        hidden = hidden.contiguous()
+    sorted_ids, expert_ids, post_padded = moe_align_block_size(topk_ids, num_experts, config.block_m)
+    weights = topk_weights.reshape(-1)
+    if weights.numel() and weights.stride(0) != 1:
+        weights = weights.contiguous()
+    slots = num_tokens * top_k
+    act = torch.empty((slots, intermediate), dtype=hidden.dtype, device=hidden.device)
+    fused_moe_gemm_jit(hidden, w_gate_up, act, weights, sorted_ids, expert_ids, post_padded, top_k, True, False,
+                       config)
+    # Zeros: a slot routed to no expert of this rank (id -1) is never written and must add nothing.
+    per_slot = torch.zeros((slots, hidden_size), dtype=torch.float32, device=hidden.device)
+    fused_moe_gemm_jit(act, w_down, per_slot, weights, sorted_ids, expert_ids, post_padded, 1, False, True, config)
+    return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
+
+
+@torch.library.custom_op("tritonwarm::fused_moe", mutates_args=())
+def _fused_moe_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+
+
+@_fused_moe_op.register_fake
+def _(hidden, w_gate_up, w_down, topk_weights, topk_ids):
+    return torch.empty_like(hidden)

@@ -1,0 +1,130 @@
+"""The fused MoE expert GEMM in Triton's interpreter against its PyTorch reference; the tile table
+as data (selection, errors, the warm-up spec covering every entry); the custom op."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.kernels.fused_moe import fused_moe_reference
+from tritonwarm.launchers.fused_moe import DEFAULT_CONFIGS, TileConfig, TileTable, fused_moe, load_tile_table
+
+SPEC = Path(__file__).parent.parent / "warmup_specs" / "fused_moe.yaml"
+SMALL = TileTable((1,), (TileConfig(16, 16, 16, 2, 4, 2),))  # small tiles: several column and K blocks
+
+
+def moe_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, generator=g).to(dtype)
+    w_gate_up = (torch.randn(experts, 2 * intermediate, hidden, generator=g) / hidden**0.5).to(dtype)
+    w_down = (torch.randn(experts, hidden, intermediate, generator=g) / intermediate**0.5).to(dtype)
+    weights = torch.rand(num_tokens, top_k, generator=g)
+    if ids is None:
+        ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(num_tokens)]).to(torch.int32)
+    return x, w_gate_up, w_down, weights, ids
+
+
+def assert_matches(inputs, table=SMALL):
+    got = fused_moe(*inputs, tile_table=table)
+    want = fused_moe_reference(*inputs)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if want.dtype == torch.float32:  # the same fp32 products, summed in another order
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    else:
+        # the interpreter rounds fp32 -> bf16 toward zero where torch rounds to nearest: one ulp of
+        # the intermediate activation, carried through the down projection
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    return got
+
+
+# (tokens, hidden, intermediate, experts, top_k): tokens off the block (16), K and N off their tiles
+@pytest.mark.parametrize("shape, dtype, seed", [
+    ((1, 32, 16, 4, 1), torch.float32, 0),
+    ((5, 48, 24, 8, 2), torch.float32, 1),
+    ((19, 32, 40, 6, 3), torch.bfloat16, 2),
+    ((33, 64, 32, 8, 2), torch.float32, 3),
+])
+def test_matches_reference(shape, dtype, seed):
+    assert_matches(moe_inputs(*shape, dtype, seed))
+
+
+def test_random_shapes():
+    g = torch.Generator().manual_seed(7)
+    for trial in range(3):
+        tokens = int(torch.randint(1, 24, (), generator=g))
+        hidden = 16 * int(torch.randint(1, 4, (), generator=g))
+        inter = 8 * int(torch.randint(1, 6, (), generator=g))
+        experts = int(torch.randint(2, 9, (), generator=g))
+        top_k = int(torch.randint(1, min(experts, 4) + 1, (), generator=g))
+        assert_matches(moe_inputs(tokens, hidden, inter, experts, top_k, torch.float32, 100 + trial))
+
+
+def test_experts_without_tokens_and_dropped_slots():
+    # experts 1, 2 and 4 receive nothing; id -1 (an expert of another rank) contributes nothing
+    ids = torch.tensor([[0, 3], [3, -1], [5, 0], [-1, -1], [0, 5]], dtype=torch.int32)
+    inputs = moe_inputs(5, 32, 16, 6, 2, torch.float32, 4, ids=ids)
+    out = assert_matches(inputs)
+    assert torch.count_nonzero(out[3]) == 0
+
+
+def test_all_tokens_on_one_expert_spans_blocks():
+    ids = torch.full((21, 2), 2, dtype=torch.int32)
+    ids[:, 1] = 1
+    assert_matches(moe_inputs(21, 32, 16, 4, 2, torch.float32, 5, ids=ids))
+
+
+def test_default_table_runs_at_a_bucket():
+    assert_matches(moe_inputs(3, 64, 32, 8, 2, torch.float32, 6), table=load_tile_table())
+
+
+def test_tile_selection_is_nearest_key():
+    table = load_tile_table()
+    keys = table.keys
+    assert list(keys) == sorted(keys)
+    for i, key in enumerate(keys):
+        assert table.select(key) is table.configs[i]
+    assert table.select(10**6) is table.configs[-1] and table.select(0) is table.configs[0]
+    for m in range(1, 5000, 37):
+        nearest = min(keys, key=lambda k: (abs(k - m), k))
+        assert table.select(m) is table.configs[keys.index(nearest)]
+    assert table.bucket_tokens(100) == sorted({min(k, 100) for k in keys})
+
+
+def test_warmup_spec_names_one_token_count_per_table_entry():
+    spec = yaml.safe_load(SPEC.read_text())
+    assert spec["axes"]["num_tokens"] == list(load_tile_table().keys)
+    the_plan = plan(load_specs([SPEC]), TARGETS["sm90"])
+    assert not the_plan.errors and not the_plan.unreachable
+    gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
+    configs = {c for c in load_tile_table().configs}
+    assert len(gemm) == 2 * len(configs)  # gate/up and down for each distinct entry
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"x": {}}, "not an integer M"),
+    ({"1": {"BLOCK_SIZE_M": 16}}, "missing BLOCK_SIZE_N"),
+    ({"1": {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
+            "num_stages": 2}}, "block_m 8 must be a power of two"),
+    ([], "expected a mapping"),
+])
+def test_bad_tile_tables_name_file_and_field(tmp_path, data, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message) as info:
+        load_tile_table(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_default_table_is_vllm_format():
+    data = json.loads(DEFAULT_CONFIGS.read_text())
+    assert all(set(v) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
+               for v in data.values())
+
+
+def test_opcheck():
+    inputs = moe_inputs(3, 32, 16, 4, 2, torch.float32, 8)
+    torch.library.opcheck(torch.ops.tritonwarm.fused_moe.default, inputs)
