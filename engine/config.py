@@ -20,7 +20,7 @@ import torch
 import yaml
 
 _POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
-             "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate_size", "moe_block_size")
+             "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate_size")
 _NON_NEGATIVE = ("num_shared_experts", "first_dense_layers", "intermediate_size")
 
 
@@ -48,7 +48,6 @@ class ModelConfig:
     topk_group: int | None = None
     correction_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
     renormalize: bool = False  # DeepSeek's norm_topk_prob
-    moe_block_size: int = 16  # rows per expert block of moe_align_block_size
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_is_neox: bool = False  # DeepSeek rotates interleaved pairs (gpt-j style)
@@ -73,8 +72,7 @@ MODELS = {
         ModelConfig("tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
                     qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, num_experts=8, top_k=2,
                     num_shared_experts=1, moe_intermediate_size=32, scoring="sigmoid", num_expert_group=4,
-                    topk_group=2, correction_bias=True, renormalize=True,
-                    moe_block_size=4),  # small expert blocks: less padding for the interpreter to run
+                    topk_group=2, correction_bias=True, renormalize=True),
         # deepseek-ai/DeepSeek-V2-Lite's config.json (YaRN rope scaling left out: plain rope).
         ModelConfig("deepseek-v2-lite", vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16,
                     kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
@@ -96,6 +94,9 @@ class EngineConfig:
     max_model_len: int = 256  # prompt + generated tokens of one request
     dtype: torch.dtype = torch.float32
     seed: int = 0  # weights, when not loaded from a file
+    # The fused MoE GEMM's tile configs by tokens in the step (vLLM's fused_moe JSON format); None:
+    # the library's table. Its keys are token counts the warm-up plan steps through.
+    moe_tile_configs: str | None = None
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "block_size", "num_blocks", "max_model_len"):

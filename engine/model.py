@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..launchers.fused_moe import DEFAULT_CONFIGS as DEFAULT_TILE_CONFIGS
+from ..launchers.fused_moe import load_tile_table
 from ..launchers.kv_cache import KVCacheLayout
 from ..launchers.paged_attention import default_num_sm_parts
 from .config import EngineConfig
 from .ops import Ops
-
-EXPERT_BLOCKS_PER_MATMUL = 16  # expert blocks gathered per batched matmul: bounds the weight copies
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Model:
         self.cos_sin_cache = _cos_sin_cache(config.max_model_len, cfg.qk_rope_head_dim, cfg.rope_theta, self.device)
         self.scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
         self.num_sm_parts = default_num_sm_parts(self.device, 1, cfg.num_heads)
+        self.moe_tiles = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS)
 
     def forward(self, step: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Logits (fp32) of ``step.sample_rows``; the step's latent KV is written to the caches."""
@@ -87,37 +88,23 @@ class Model:
         return self.ops.silu_and_mul(h @ gate_up.T) @ down.T
 
     def moe(self, w, h):
-        """Routed experts over ``moe_align_block_size``'s layout, plus the shared experts.
-
-        The align op groups the (token, k) slots by expert into blocks of ``moe_block_size`` slots,
-        each block one expert; padding slots hold the sentinel ``T * top_k``. The expert matmuls run
-        block-batched on those sizes, which depend only on shapes, never on the routing's values.
-        """
+        """Routed experts through the fused MoE GEMM (one kernel for gate/up + SiLU-and-mul, one for
+        down, over ``moe_align_block_size``'s layout), plus the shared experts."""
         cfg, ops = self.cfg, self.ops
-        tokens, hidden = h.shape
         weights, ids = ops.moe_topk_routing(h @ w["router"].T, cfg.top_k, cfg.scoring, cfg.renormalize,
                                             cfg.num_expert_group, cfg.topk_group, w.get("router_bias"))
-        sorted_slots, block_experts, _ = ops.moe_align_block_size(ids, cfg.num_experts, cfg.moe_block_size)
-        bm = cfg.moe_block_size
-        sentinel = tokens * cfg.top_k  # the align op's padding value; the slot list stops short of whole blocks
-        padding = block_experts.shape[0] * bm - sorted_slots.shape[0]
-        sorted_slots = torch.cat([sorted_slots.long(), sorted_slots.new_full((padding,), sentinel, dtype=torch.long)])
-        rows = sorted_slots // cfg.top_k  # the sentinel maps to row T: an all-zero input row
-        slot_weight = torch.cat([weights.flatten(), weights.new_zeros(1)])[sorted_slots]
-        h_padded = torch.cat([h, h.new_zeros(1, hidden)])
-        experts = block_experts.long().clamp(min=0)  # -1: an unused block (all padding slots)
-        chunks = [slice(first, first + EXPERT_BLOCKS_PER_MATMUL)
-                  for first in range(0, experts.shape[0], EXPERT_BLOCKS_PER_MATMUL)]
-        x = h_padded[rows].view(experts.shape[0], bm, hidden)
-        gate_up = torch.cat([torch.bmm(x[c], w["experts_gate_up"][experts[c]].transpose(1, 2)) for c in chunks])
-        act = ops.silu_and_mul(gate_up)  # one launch for every expert block
-        y = torch.cat([torch.bmm(act[c], w["experts_down"][experts[c]].transpose(1, 2)) for c in chunks])
-        out = torch.zeros(tokens + 1, hidden, dtype=torch.float32, device=h.device)
-        out.index_add_(0, rows, y.view(-1, hidden).float() * slot_weight[:, None])
-        routed = out[:tokens].to(h.dtype)
+        routed = ops.fused_moe(h, w["experts_gate_up"], w["experts_down"], weights, ids, self.moe_tiles)
         if "gate_up" in w:
             routed = routed + self.mlp(h, w["gate_up"], w["down"])
         return routed
+
+
+def plan_token_counts(config: EngineConfig) -> list[int]:
+    """Token counts at which the model's launch choices change (besides Triton's scalar classes):
+    one per entry of the fused MoE tile table, up to the step's token budget."""
+    if not config.model.num_experts:
+        return []
+    return load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS).bucket_tokens(config.max_num_tokens)
 
 
 def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, torch.Tensor]:

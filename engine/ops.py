@@ -16,18 +16,18 @@ from typing import Callable
 import torch
 
 from ..kernels.activation import silu_and_mul_reference
+from ..kernels.fused_moe import fused_moe_reference
 from ..kernels.kv_block_zero import kv_block_zero_reference
 from ..kernels.mla_metadata import mla_decode_metadata_reference
-from ..kernels.moe_align import moe_align_block_size_reference
 from ..kernels.moe_routing import moe_topk_routing_reference
 from ..kernels.paged_attention import paged_decode_attention_reference
 from ..kernels.rms_norm import rms_norm_reference
 from ..kernels.rotary import rotary_embedding_reference
 from ..launchers.activation import silu_and_mul
+from ..launchers.fused_moe import fused_moe
 from ..launchers.kv_block_zero import kv_block_zero
 from ..launchers.kv_cache import KVCacheLayout
 from ..launchers.mla_metadata import mla_decode_metadata, split_overhead_blocks
-from ..launchers.moe_align import moe_align_block_size
 from ..launchers.moe_routing import moe_topk_routing
 from ..launchers.paged_attention import paged_decode_attention
 from ..launchers.rms_norm import rms_norm
@@ -41,7 +41,7 @@ class Ops:
     silu_and_mul: Callable  # (x [.., 2d]) -> [.., d]
     rotary_embedding: Callable  # (positions, q, k, cos_sin_cache, is_neox) -> (q, k) rotated
     moe_topk_routing: Callable  # (logits, top_k, scoring, renormalize, groups, topk_group, bias) -> (w, ids)
-    moe_align_block_size: Callable  # (topk_ids, num_experts, block_size) -> (sorted ids, block experts, n)
+    fused_moe: Callable  # (h, w_gate_up, w_down, topk_weights, topk_ids, tile_table) -> routed experts' sum
     decode_metadata: Callable  # (seq_lens, num_heads, block_size, num_parts) -> split schedule
     paged_attention: Callable  # (q, kv_cache, block_table, seq_lens, scale, metadata, v_head_dim) -> out
     kv_block_zero: Callable  # (kv_cache, block_ids) -> None, in place
@@ -57,15 +57,20 @@ def _reference_paged_attention(q, kv_cache, block_table, seq_lens, scale, metada
     return paged_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, layout)
 
 
+def _reference_fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids, tile_table=None):
+    # The reference has no tiles: one expert at a time, rounding where the kernels round.
+    return fused_moe_reference(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+
+
 def _reference_kv_block_zero(kv_cache, block_ids):
     kv_cache.copy_(kv_block_zero_reference(kv_cache, block_ids))
 
 
-TRITON = Ops("triton", rms_norm, silu_and_mul, rotary_embedding, moe_topk_routing, moe_align_block_size,
+TRITON = Ops("triton", rms_norm, silu_and_mul, rotary_embedding, moe_topk_routing, fused_moe,
              mla_decode_metadata, paged_decode_attention, kv_block_zero)
 
 REFERENCE = Ops("reference", rms_norm_reference, silu_and_mul_reference, rotary_embedding_reference,
-                moe_topk_routing_reference, moe_align_block_size_reference, _reference_decode_metadata,
+                moe_topk_routing_reference, _reference_fused_moe, _reference_decode_metadata,
                 _reference_paged_attention, _reference_kv_block_zero)
 
 OPS = {"triton": TRITON, "reference": REFERENCE}

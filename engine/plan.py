@@ -20,6 +20,7 @@ from ..jit.monitor import JitPolicyError
 from ..jit.plan import Plan
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
+from .model import plan_token_counts
 from .scheduler import Request, ScheduledBatch, Sequence
 
 log = logging.getLogger("tritonwarm")
@@ -62,7 +63,8 @@ def representative_steps(config: EngineConfig):
     arbitrary: on meta tensors nothing is read.
     """
     bs = config.block_size
-    token_counts = sorted(set(class_reps(1, config.max_num_tokens).values()))
+    # Triton's classes of the token count, and the counts where a tile table picks another variant
+    token_counts = sorted(set(class_reps(1, config.max_num_tokens).values()) | set(plan_token_counts(config)))
     request_counts = sorted(set(class_reps(1, config.max_batch_size).values()))
     next_block = iter(range(10**9))
     for tokens in token_counts:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.activation import silu_and_mul_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 MAX_BLOCK = 1024  # output columns per program: 8 bf16 (16 bytes) per thread at 4 warps
 
@@ -17,12 +18,12 @@ def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> Launch | None:
         return None
     # Every engine size (1408, 10944, 14336) is >= MAX_BLOCK, so they share one BLOCK; only toy
     # sizes get a smaller one.
-    block = min(MAX_BLOCK, triton.next_power_of_2(d))
+    block = min(MAX_BLOCK, next_power_of_2(d))
     num_warps = max(1, min(4, block // 256))
     # The row count only sizes the grid, so every batch size shares one binary. The row strides
     # and d are per-model constants: specializing them (div-16) lets the `up` half load vectorize.
     return Launch(
-        grid=(n_rows, triton.cdiv(d, block)),
+        grid=(n_rows, cdiv(d, block)),
         args=(x, out, x.stride(0), out.stride(0), d),
         constexprs=dict(BLOCK=block),
         num_warps=num_warps,
@@ -38,15 +39,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if two_d % 2:
         raise ValueError(f"last dim {two_d} of x is odd: expected [..., 2*d]")
     d = two_d // 2
-    x2 = x.reshape(-1, two_d)  # a view for strided rows; the kernel takes the row stride from it
+    two_dims = x.dim() == 2
+    x2 = x if two_dims else x.reshape(-1, two_d)  # strided rows stay a view: the kernel takes the row stride
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
+    out = x2.new_empty((x2.shape[0], d))
     silu_and_mul_jit(x2, out)
-    return out.view(*x.shape[:-1], d)
+    return out if two_dims else out.view(*x.shape[:-1], d)
 
 
-@torch.library.custom_op("tritonwarm::silu_and_mul", mutates_args=())
+@custom_op("tritonwarm::silu_and_mul", mutates_args=())
 def _silu_and_mul_op(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(x)
 

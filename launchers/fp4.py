@@ -7,7 +7,6 @@ Every kernel takes a [rows, K] view (unit stride along K) and runs on a (rows, K
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.fp4 import (
@@ -18,13 +17,15 @@ from ..kernels.fp4 import (
     nvfp4_dequantize_kernel,
     nvfp4_quantize_kernel,
 )
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ELEMENTS_PER_PROGRAM = 1024  # memory bound: 8 elements per thread at 4 warps
 
 
 def _groups_per_program(n_groups: int, block: int) -> int:
-    return min(_ELEMENTS_PER_PROGRAM // block, triton.next_power_of_2(n_groups))
+    return min(_ELEMENTS_PER_PROGRAM // block, next_power_of_2(n_groups))
 
 
 def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple) -> Launch | None:
@@ -33,7 +34,7 @@ def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple) -> Launch 
     if n_rows == 0 or n_groups == 0:
         return None
     groups = _groups_per_program(n_groups, block)
-    return Launch(grid=(n_rows, triton.cdiv(n_groups, groups)), args=args + (n_groups,),
+    return Launch(grid=(n_rows, cdiv(n_groups, groups)), args=args + (n_groups,),
                   constexprs=dict(GROUPS=groups), num_warps=4)
 
 
@@ -155,7 +156,7 @@ def nvfp4_dequantize(packed: torch.Tensor, scales: torch.Tensor, global_scale: t
 
 # --------------------------------------------------------------------------- custom ops
 
-@torch.library.custom_op("tritonwarm::mxfp4_quantize", mutates_args=())
+@custom_op("tritonwarm::mxfp4_quantize", mutates_args=())
 def _mxfp4_quantize_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     packed, scales = mxfp4_quantize(x)
     return packed, scales
@@ -168,7 +169,7 @@ def _(x):
             x.new_empty(x.shape[:-1] + (k // MXFP4_BLOCK,), dtype=torch.uint8))
 
 
-@torch.library.custom_op("tritonwarm::mxfp4_dequantize", mutates_args=())
+@custom_op("tritonwarm::mxfp4_dequantize", mutates_args=())
 def _mxfp4_dequantize_op(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mxfp4_dequantize(packed, scales, dtype)
 
@@ -178,7 +179,7 @@ def _(packed, scales, dtype):
     return packed.new_empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=dtype)
 
 
-@torch.library.custom_op("tritonwarm::nvfp4_quantize", mutates_args=())
+@custom_op("tritonwarm::nvfp4_quantize", mutates_args=())
 def _nvfp4_quantize_op(x: torch.Tensor, global_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     packed, scales = nvfp4_quantize(x, global_scale)
     return packed, scales
@@ -191,7 +192,7 @@ def _(x, global_scale):
             x.new_empty(x.shape[:-1] + (k // NVFP4_BLOCK,), dtype=torch.float8_e4m3fn))
 
 
-@torch.library.custom_op("tritonwarm::nvfp4_dequantize", mutates_args=())
+@custom_op("tritonwarm::nvfp4_dequantize", mutates_args=())
 def _nvfp4_dequantize_op(packed: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor,
                          dtype: torch.dtype) -> torch.Tensor:
     return nvfp4_dequantize(packed, scales, global_scale, dtype)

@@ -17,10 +17,11 @@ from functools import cache
 from pathlib import Path
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.fused_moe import fused_moe_kernel
+from ._host import cdiv
+from ._op import custom_op
 from .moe_align import moe_align_block_size
 
 DEFAULT_CONFIGS = Path(__file__).with_name("fused_moe_configs") / "default.json"
@@ -99,7 +100,7 @@ def fused_moe_gemm_launch(a, b, c, topk_weights, sorted_token_ids, expert_ids, n
     if num_m_blocks == 0 or n == 0:
         return None
     return Launch(
-        grid=(num_m_blocks * triton.cdiv(n, config.block_n),),
+        grid=(num_m_blocks * cdiv(n, config.block_n),),
         args=(a, b, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
               topk_weights.numel(), num_m_blocks, n, k, a.stride(0), b.stride(0), b.stride(1), c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
@@ -144,7 +145,7 @@ def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
     return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
 
 
-@torch.library.custom_op("tritonwarm::fused_moe", mutates_args=())
+@custom_op("tritonwarm::fused_moe", mutates_args=())
 def _fused_moe_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor) -> torch.Tensor:
     return fused_moe(hidden, w_gate_up, w_down, topk_weights, topk_ids)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.kv_block_zero import kv_block_zero_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 MAX_CHUNK = 4096  # elements one program clears: 8 KiB of bf16, enough to keep a CTA's stores busy
 
@@ -16,11 +17,11 @@ def kv_block_zero_launch(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> Lau
     block_numel = _block_numel(kv_cache)
     if num_ids == 0 or block_numel == 0:
         return None
-    chunk = min(triton.next_power_of_2(block_numel), MAX_CHUNK)
+    chunk = min(next_power_of_2(block_numel), MAX_CHUNK)
     # The id count only sizes the grid, so any number of freed blocks shares one binary; the block
     # stride and size are per-model constants, so their div-16 specialization pays for itself.
     return Launch(
-        grid=(num_ids, triton.cdiv(block_numel, chunk)),
+        grid=(num_ids, cdiv(block_numel, chunk)),
         args=(kv_cache, block_ids, kv_cache.stride(0), block_numel),
         constexprs=dict(BLOCK=chunk),
         num_warps=4 if chunk >= 1024 else 1,
@@ -59,7 +60,7 @@ def kv_block_zero(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> None:
     kv_block_zero_jit(kv_cache, block_ids)
 
 
-@torch.library.custom_op("tritonwarm::kv_block_zero", mutates_args=("kv_cache",))
+@custom_op("tritonwarm::kv_block_zero", mutates_args=("kv_cache",))
 def _kv_block_zero_op(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> None:
     kv_block_zero(kv_cache, block_ids)
 

@@ -6,10 +6,11 @@ The schedule's definition and output tensors are documented in ``kernels/mla_met
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.mla_metadata import mla_decode_metadata_kernel
+from ._host import cdiv
+from ._op import custom_op
 
 SCHEDULE_WIDTH = 8  # int32 columns per part (5 used): 32-byte rows, as FlashMLA pads its metadata
 # FlashMLA's cost of one more split: about five 64-token blocks of attention. Kept in tokens so
@@ -21,7 +22,7 @@ PARTS_PER_PROGRAM = 32  # BLOCK_P: parts one program schedules ([32, 64] int32 t
 
 def split_overhead_blocks(block_size: int) -> int:
     """The fixed cost of a split, in blocks of ``block_size`` tokens (at least one)."""
-    return max(1, triton.cdiv(SPLIT_OVERHEAD_TOKENS, block_size))
+    return max(1, cdiv(SPLIT_OVERHEAD_TOKENS, block_size))
 
 
 def mla_decode_metadata_launch(seq_lens: torch.Tensor, schedule: torch.Tensor, num_splits: torch.Tensor,
@@ -31,7 +32,7 @@ def mla_decode_metadata_launch(seq_lens: torch.Tensor, schedule: torch.Tensor, n
     # batch and num_parts are do_not_specialize in the kernel (the batch changes every step);
     # block_size and the overhead are per-model constants.
     return Launch(
-        grid=(triton.cdiv(num_parts, PARTS_PER_PROGRAM),),
+        grid=(cdiv(num_parts, PARTS_PER_PROGRAM),),
         args=(seq_lens, schedule, num_splits, seq_lens.shape[0], num_parts, block_size,
               split_overhead_blocks(block_size)),
         constexprs=dict(SCHEDULE_WIDTH=SCHEDULE_WIDTH, BLOCK_B=REQUESTS_PER_CHUNK, BLOCK_P=PARTS_PER_PROGRAM),
@@ -59,7 +60,7 @@ def mla_decode_metadata(seq_lens: torch.Tensor, num_heads: int, block_size: int,
     return schedule, num_splits
 
 
-@torch.library.custom_op("tritonwarm::mla_decode_metadata", mutates_args=())
+@custom_op("tritonwarm::mla_decode_metadata", mutates_args=())
 def _mla_decode_metadata_op(seq_lens: torch.Tensor, num_heads: int, block_size: int,
                             num_sm_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     return mla_decode_metadata(seq_lens, num_heads, block_size, num_sm_parts)

@@ -4,10 +4,11 @@ plus the ``tritonwarm::moe_align_block_size`` op. Output layout is documented in
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.moe_align import moe_align_count_kernel, moe_align_scan_kernel, moe_align_scatter_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 ONE_HOT_ELEMENTS = 8192  # slots x experts compared at once by one program
 MAX_TILE = 1024
@@ -15,9 +16,9 @@ MAX_TILE = 1024
 
 def _tiling(numel: int, num_experts: int) -> tuple[int, int, int]:
     """(tile, block_e, num_tiles): the tile size follows the expert count only, never the batch."""
-    block_e = triton.next_power_of_2(num_experts)
+    block_e = next_power_of_2(num_experts)
     tile = max(16, min(MAX_TILE, ONE_HOT_ELEMENTS // block_e))
-    return tile, block_e, triton.cdiv(numel, tile)
+    return tile, block_e, cdiv(numel, tile)
 
 
 # numel (and num_tiles, max_blocks, which follow it) varies every step: it sizes grids and buffers and
@@ -75,7 +76,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     max_padded = numel + num_experts * (block_size - 1)
     # Padding and the tail hold the sentinel: the scatter only writes real slots.
     sorted_token_ids = torch.full((max_padded,), numel, dtype=torch.int32, device=device)
-    expert_ids = torch.empty((triton.cdiv(max_padded, block_size),), dtype=torch.int32, device=device)
+    expert_ids = torch.empty((cdiv(max_padded, block_size),), dtype=torch.int32, device=device)
     num_tokens_post_padded = torch.empty((1,), dtype=torch.int32, device=device)
     _, _, num_tiles = _tiling(numel, num_experts)
     tile_counts = torch.empty((num_tiles, num_experts), dtype=torch.int32, device=device)
@@ -87,7 +88,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     return sorted_token_ids, expert_ids, num_tokens_post_padded
 
 
-@torch.library.custom_op("tritonwarm::moe_align_block_size", mutates_args=())
+@custom_op("tritonwarm::moe_align_block_size", mutates_args=())
 def _moe_align_block_size_op(topk_ids: torch.Tensor, num_experts: int,
                              block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return moe_align_block_size(topk_ids, num_experts, block_size)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.moe_routing import moe_topk_routing_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 SCORINGS = ("softmax", "sigmoid")
 ELEMENTS_PER_PROGRAM = 1024  # tokens x experts held in registers by one program (4 warps)
@@ -23,20 +24,20 @@ def moe_topk_routing_launch(router_logits: torch.Tensor, topk_weights: torch.Ten
     if num_tokens == 0:
         return None
     grouped = num_expert_group > 1
-    block_e = triton.next_power_of_2(num_experts)
+    block_e = next_power_of_2(num_experts)
     block_t = max(1, ELEMENTS_PER_PROGRAM // block_e)  # from the expert count only: never per batch
     # The token count only sizes the grid and masks the last block (do_not_specialize), so every
     # batch size shares one binary; expert count, top_k and groups are per-model constants.
     return Launch(
-        grid=(triton.cdiv(num_tokens, block_t),),
+        grid=(cdiv(num_tokens, block_t),),
         args=(router_logits, correction_bias, topk_weights, topk_ids,
               num_tokens, num_experts, router_logits.stride(0), num_experts // num_expert_group),
         constexprs=dict(
             TOP_K=top_k, NUM_GROUPS=num_expert_group, TOPK_GROUP=topk_group,
             USE_SIGMOID=scoring == "sigmoid", HAS_BIAS=correction_bias is not None, GROUPED=grouped,
             RENORMALIZE=bool(renormalize), BLOCK_T=block_t, BLOCK_E=block_e,
-            BLOCK_G=triton.next_power_of_2(num_expert_group) if grouped else 1,
-            BLOCK_K=triton.next_power_of_2(top_k),
+            BLOCK_G=next_power_of_2(num_expert_group) if grouped else 1,
+            BLOCK_K=next_power_of_2(top_k),
         ),
         num_warps=4,
     )
@@ -93,7 +94,7 @@ def _check_groups(num_experts, top_k, num_expert_group, topk_group, has_bias) ->
     return num_expert_group, topk_group
 
 
-@torch.library.custom_op("tritonwarm::moe_topk_routing", mutates_args=())
+@custom_op("tritonwarm::moe_topk_routing", mutates_args=())
 def _moe_topk_routing_op(router_logits: torch.Tensor, top_k: int, scoring: str = "softmax",
                          renormalize: bool = True, num_expert_group: Optional[int] = None,
                          topk_group: Optional[int] = None,

@@ -11,10 +11,11 @@ import functools
 import math
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.paged_attention import paged_decode_attention_combine_kernel, paged_decode_attention_split_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 from .kv_cache import KVCacheLayout
 from .mla_metadata import SCHEDULE_WIDTH, mla_decode_metadata
 
@@ -27,14 +28,14 @@ MIN_BLOCK = 16  # tl.dot needs every tile dim >= 16
 def _head_tile(heads_per_kv: int) -> int:
     # Query heads of one kv head share its K/V loads in one tl.dot; pad to the dot's minimum of 16
     # rows (GQA's 4 heads waste rows but not memory traffic, which is what decode is bound by).
-    return max(MIN_BLOCK, min(triton.next_power_of_2(heads_per_kv), 64))
+    return max(MIN_BLOCK, min(next_power_of_2(heads_per_kv), 64))
 
 
 def _key_chunks(key_dim: int) -> tuple[int, int]:
     """Main chunk = the largest power of two <= key_dim; the rest (MLA's rope 64) a padded tail."""
     main = max(MIN_BLOCK, 1 << (key_dim.bit_length() - 1))
     rest = key_dim - main
-    return main, (max(MIN_BLOCK, triton.next_power_of_2(rest)) if rest > 0 else 0)
+    return main, (max(MIN_BLOCK, next_power_of_2(rest)) if rest > 0 else 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,7 +49,7 @@ def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int
     Independent of the batch: a small batch simply leaves trailing parts empty (they exit at once).
     """
     heads_per_kv = num_heads // num_kv_heads
-    head_tiles = triton.cdiv(heads_per_kv, _head_tile(heads_per_kv))
+    head_tiles = cdiv(heads_per_kv, _head_tile(heads_per_kv))
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else NOMINAL_SM_COUNT
     return max(1, sms // (num_kv_heads * head_tiles))
@@ -71,7 +72,7 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
     # blocks per request, a deployment setting) is do_not_specialize; strides of the cache, q and
     # the partial buffers are per-model constants whose div-16 specialization pays for itself.
     return Launch(
-        grid=(schedule.shape[0], layout.num_kv_heads, triton.cdiv(heads_per_kv, block_h)),
+        grid=(schedule.shape[0], layout.num_kv_heads, cdiv(heads_per_kv, block_h)),
         args=(q, layout.keys(kv_cache), layout.values(kv_cache), block_table, seq_lens, schedule, num_splits,
               partial_out, partial_lse,
               q.stride(0), q.stride(1),
@@ -83,7 +84,7 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
                         KEY_DIM=key_dim, VALUE_DIM=layout.value_dim,
                         BLOCK_H=block_h, BLOCK_N=32 if wide else 64,
                         BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail,
-                        BLOCK_DV=max(MIN_BLOCK, triton.next_power_of_2(layout.value_dim))),
+                        BLOCK_DV=max(MIN_BLOCK, next_power_of_2(layout.value_dim))),
         num_warps=8 if wide else 4,
         num_stages=1 if wide else 2,
     )
@@ -93,7 +94,7 @@ def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, 
     batch, num_heads, value_dim = out.shape
     if batch == 0:
         return None
-    block_dv = max(MIN_BLOCK, triton.next_power_of_2(value_dim))
+    block_dv = max(MIN_BLOCK, next_power_of_2(value_dim))
     # The batch only sizes the grid: one binary per model geometry and dtype.
     return Launch(
         grid=(batch, num_heads),
@@ -152,7 +153,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
     return out
 
 
-@torch.library.custom_op("tritonwarm::paged_decode_attention", mutates_args=())
+@custom_op("tritonwarm::paged_decode_attention", mutates_args=())
 def _paged_decode_attention_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                                seq_lens: torch.Tensor, scale: float,
                                schedule: torch.Tensor | None = None, num_splits: torch.Tensor | None = None,

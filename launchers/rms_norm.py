@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.rms_norm import rms_norm_kernel
+from ._host import next_power_of_2
+from ._op import custom_op
 
 
 def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
@@ -14,7 +15,7 @@ def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, ep
     n_rows, n_cols = x.shape
     if n_rows == 0:
         return None
-    block = triton.next_power_of_2(n_cols)
+    block = next_power_of_2(n_cols)
     num_warps = 4 if block <= 1024 else 8 if block <= 4096 else 16
     # The token count only sizes the grid, so every batch size shares one binary. Row strides and
     # the hidden size are per-model constants: specializing them (div-16) pays for itself.
@@ -36,21 +37,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual:
     hidden = x.shape[-1]
     if weight.shape != (hidden,):
         raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {hidden}")
-    x2 = x.reshape(-1, hidden)
+    # Decode calls this per layer per step: no reshape, copy or view that a 2-D input does not need.
+    two_d = x.dim() == 2
+    x2 = x if two_d else x.reshape(-1, hidden)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty_like(x2) if x2.is_contiguous() else x2.new_empty(x2.shape)
     if residual is not None:
-        res2 = residual.view(-1, hidden)
+        res2 = residual if residual.dim() == 2 else residual.view(-1, hidden)
         if res2.stride(-1) != 1:
             raise ValueError("residual must have a unit stride along the hidden dim (it is updated in place)")
         rms_norm_jit(x2, weight, out, eps, res2)
-        return out.view(x.shape), residual
+        return (out if two_d else out.view(x.shape)), residual
     rms_norm_jit(x2, weight, out, eps)
-    return out.view(x.shape)
+    return out if two_d else out.view(x.shape)
 
 
-@torch.library.custom_op("tritonwarm::rms_norm", mutates_args=("residual",))
+@custom_op("tritonwarm::rms_norm", mutates_args=("residual",))
 def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
     """The custom op returns only the normed tensor: ``residual`` is updated in place (an op may
     not return its own input)."""

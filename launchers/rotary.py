@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
-import triton
 
 from ..jit import JitKernel, Launch
 from ..kernels.rotary import rotary_embedding_kernel
+from ._host import cdiv, next_power_of_2
+from ._op import custom_op
 
 PAIRS_PER_PROGRAM = 1024  # rotated pairs per program (HEAD_BLOCK * HALF_BLOCK): 2048 elements, 4 warps
 
@@ -18,13 +19,13 @@ def rotary_embedding_launch(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     rot_half = cos_sin_cache.shape[-1] // 2
     if num_tokens == 0 or rot_half == 0:
         return None
-    half_block = triton.next_power_of_2(rot_half)
-    head_block = min(triton.next_power_of_2(max(num_heads, num_kv_heads)), max(1, PAIRS_PER_PROGRAM // half_block))
+    half_block = next_power_of_2(rot_half)
+    head_block = min(next_power_of_2(max(num_heads, num_kv_heads)), max(1, PAIRS_PER_PROGRAM // half_block))
     num_warps = max(1, min(4, head_block * half_block // 128))
     # The token count only sizes the grid, so every batch size shares one binary. Head counts,
     # strides and rot_dim are per-model constants: specializing them (div-16, or 1) pays for itself.
     return Launch(
-        grid=(num_tokens, triton.cdiv(num_heads, head_block) + triton.cdiv(num_kv_heads, head_block)),
+        grid=(num_tokens, cdiv(num_heads, head_block) + cdiv(num_kv_heads, head_block)),
         args=(positions, q, k, cos_sin_cache,
               q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
               num_heads, num_kv_heads, rot_half),
@@ -65,7 +66,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     return q, k
 
 
-@torch.library.custom_op("tritonwarm::rotary_embedding", mutates_args=("q", "k"))
+@custom_op("tritonwarm::rotary_embedding", mutates_args=("q", "k"))
 def _rotary_embedding_op(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     rotary_embedding(positions, q, k, cos_sin_cache, is_neox)

@@ -18,11 +18,12 @@ from tritonwarm.jit import TARGETS, JitKernel, Launch
 from tritonwarm.jit.monitor import JitPolicyError
 from tritonwarm.jit.warmup import warm
 from tritonwarm.kernels.rms_norm import rms_norm_kernel
+from tritonwarm.launchers.fused_moe import load_tile_table
 from tritonwarm.launchers.rms_norm import rms_norm_launch
 
 LITE = ENGINES["deepseek-v2-lite"]
 ENGINE_KERNELS = {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "moe_topk_routing_kernel",
-                  "moe_align_count_kernel", "moe_align_scan_kernel", "moe_align_scatter_kernel",
+                  "fused_moe_kernel", "moe_align_count_kernel", "moe_align_scan_kernel", "moe_align_scatter_kernel",
                   "mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
                   "paged_decode_attention_combine_kernel", "kv_block_zero_kernel"}
 
@@ -49,9 +50,14 @@ def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
     _, the_plan = lite_cache
     kernels = [v.kernel.rsplit(".", 1)[-1] for v in the_plan.variants.values()]
     assert set(kernels) == ENGINE_KERNELS
-    # Batch sizes never multiply variants: only rms_norm has more than one (hidden 2048, the 512
-    # latent, with and without the fused residual).
-    assert len(kernels) == len(ENGINE_KERNELS) + 2
+    # Batch sizes never multiply variants through Triton's scalar classes: rms_norm has three (hidden
+    # 2048, the 512 latent, with and without the fused residual), and the fused MoE GEMM two (gate/up,
+    # down) per tile-table entry that a step of up to max_num_tokens tokens selects.
+    tiles = load_tile_table()
+    entries = {tiles.select(m) for m in range(1, LITE.max_num_tokens + 1)}
+    assert len(entries) > 1
+    assert kernels.count("fused_moe_kernel") == 2 * len(entries)
+    assert len(kernels) == len(ENGINE_KERNELS) + 2 + 2 * len(entries) - 1
     assert all(v.import_path == "tritonwarm.engine.ops" for v in the_plan.variants.values())
     assert "engine:deepseek-v2-lite decode tokens=16 batch=16" in next(iter(the_plan.variants.values())).rows
     attention = next(v for v in the_plan.variants.values() if "split" in v.kernel)
@@ -88,13 +94,16 @@ def test_warmed_cache_serves_a_varied_dry_run_with_no_new_entry(lite_cache, tmp_
     requests = make_workload(LITE, 5, 3, seed=2, max_prompt=2600)
     report = serve(LITE, requests, policy="error", dry_run_target="sm90", cache_dir=cache_dir)
     assert report.serve_compiles == 0 and not report.monitor.misses
-    assert report.monitor.hits == len(the_plan.variants)  # and the workload used every warmed variant
+    # The workload used every warmed variant, except fused-MoE tile entries of step sizes it never ran.
+    fused = {h for h, v in the_plan.variants.items() if v.kernel.endswith("fused_moe_kernel")}
+    assert len(the_plan.variants) - len(fused) < report.monitor.hits <= len(the_plan.variants)
     assert all(len(o) == 3 for o in report.result.outputs)
     assert _entries(cache_dir) == before
     record = tmp_path / "record.jsonl"
     report.write_record(record)
     trace = check_trace(record, cache_dir)
-    assert trace.ok and trace.unused == [] and trace.launched == len(the_plan.variants)
+    assert trace.ok and trace.launched == report.monitor.hits
+    assert all(u["kernel"].endswith("fused_moe_kernel") for u in trace.unused)
 
 
 # A launch spec tuned by batch size, the way vLLM #53567 went wrong: its num_warps (part of Triton's
