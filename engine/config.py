@@ -97,11 +97,22 @@ class EngineConfig:
     # The fused MoE GEMM's tile configs by tokens in the step (vLLM's fused_moe JSON format); None:
     # the library's table. Its keys are token counts the warm-up plan steps through.
     moe_tile_configs: str | None = None
+    # Decode batch sizes captured as CUDA graphs at start-up (GPU only; part of the warm-up plan). A
+    # decode step of n requests replays the smallest size >= n; larger and mixed steps run eagerly.
+    cuda_graph_batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "block_size", "num_blocks", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        sizes = self.cuda_graph_batch_sizes
+        if not isinstance(sizes, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                            for b in sizes):
+            raise ValueError(f"cuda_graph_batch_sizes must be a list of integers, got {sizes!r}")
+        if any(b < 1 or b > self.max_batch_size for b in sizes):
+            raise ValueError(f"cuda_graph_batch_sizes {list(sizes)} must lie in 1..max_batch_size "
+                             f"({self.max_batch_size})")
+        object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
         if self.max_batch_size > self.max_num_tokens:
             raise ValueError("max_batch_size must not exceed max_num_tokens: every running request "
                              "decodes one token per step")
@@ -113,9 +124,10 @@ class EngineConfig:
 
 ENGINES = {
     "tiny": EngineConfig(MODELS["tiny"], max_batch_size=4, max_num_tokens=32, block_size=16, num_blocks=32,
-                         max_model_len=128, dtype=torch.float32),
+                         max_model_len=128, dtype=torch.float32, cuda_graph_batch_sizes=(1, 2, 4)),
     "deepseek-v2-lite": EngineConfig(MODELS["deepseek-v2-lite"], max_batch_size=32, max_num_tokens=1024,
-                                     block_size=64, num_blocks=2048, max_model_len=4096, dtype=torch.bfloat16),
+                                     block_size=64, num_blocks=2048, max_model_len=4096, dtype=torch.bfloat16,
+                                     cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 24, 32)),
 }
 
 
@@ -156,7 +168,14 @@ def engine_config_from_dict(data: dict, where: str = "config") -> EngineConfig:
     if base:
         values["dtype"] = base.dtype
     values.update(data)
-    return EngineConfig(model=_model_from(model, where), **values)
+    if base and "cuda_graph_batch_sizes" not in data:  # the preset's sizes, within this batch limit
+        limit = values.get("max_batch_size", base.max_batch_size)
+        values["cuda_graph_batch_sizes"] = tuple(b for b in base.cuda_graph_batch_sizes if b <= limit)
+    model_config = _model_from(model, where)
+    try:
+        return EngineConfig(model=model_config, **values)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _model_from(model, where: str) -> ModelConfig:

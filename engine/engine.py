@@ -6,6 +6,7 @@ target-only driver, the dry run and the warm-up trace of an engine config (``pla
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import torch
 from ..jit import in_fake_mode
 from ..jit.monitor import DispatchMonitor
 from .config import EngineConfig
+from .graphs import DecodeGraphs, is_graph_step
 from .kv import BlockAllocator, KVCache
 from .model import Model, StepInputs
 from .ops import as_int32, get_ops
@@ -32,9 +34,24 @@ class Engine:
         else:
             weights = random_weights(config.model, config.dtype, self.device, config.seed)
         self.model = Model(config, weights, self.ops, self.device)
-        self.kv = KVCache(config, self.device)
+        # CUDA graphs of decode steps: a GPU and the Triton ops (the references read values on the
+        # host, which a graph cannot hold). One KV block past the allocator's is the padding rows' scratch.
+        use_graphs = bool(config.cuda_graph_batch_sizes) and self.device.type == "cuda" and mode == "triton"
+        kv_config = dataclasses.replace(config, num_blocks=config.num_blocks + 1) if use_graphs else config
+        self.kv = KVCache(kv_config, self.device)
         self.allocator = BlockAllocator(config.num_blocks)
         self.scheduler = Scheduler(config, self.allocator)
+        self.graphs = None
+        if use_graphs:
+            self.graphs = DecodeGraphs(self.model, self.kv.layers, config.cuda_graph_batch_sizes,
+                                       config.max_blocks_per_request, config.num_blocks, self.device)
+
+    def capture_graphs(self) -> int:
+        """Capture the declared decode sizes (GPU only); returns how many were captured."""
+        if self.graphs is None:
+            return 0
+        self.graphs.capture()
+        return len(self.graphs.graphs)
 
     def step_inputs(self, batch: ScheduledBatch) -> StepInputs:
         """Host-side bookkeeping (Python ints from the scheduler) to the step's device tensors."""
@@ -61,7 +78,9 @@ class Engine:
         if batch.new_blocks:  # a recycled block must not show its previous owner's KV
             self.ops.kv_block_zero(self.kv.tensor, as_int32(batch.new_blocks, self.device))
         step = self.step_inputs(batch)
-        logits = self.model.forward(step, self.kv.layers)
+        logits = self.graphs.run(step) if self.graphs is not None and is_graph_step(batch) else None
+        if logits is None:
+            logits = self.model.forward(step, self.kv.layers)
         sampling = [seq for seq, count in batch.work if seq.num_computed + count == len(seq.tokens)]
         if in_fake_mode() or logits.device.type == "meta":
             # Traced on meta tensors there are no logits to read: a fixed token that is not a stop

@@ -66,23 +66,25 @@ def representative_steps(config: EngineConfig):
     # Triton's classes of the token count, and the counts where a tile table picks another variant
     token_counts = sorted(set(class_reps(1, config.max_num_tokens).values()) | set(plan_token_counts(config)))
     request_counts = sorted(set(class_reps(1, config.max_batch_size).values()))
+    pairs = [(t, b) for t in token_counts for b in request_counts if b <= t]
+    # each captured decode size is a step of its own (graph capture at start-up launches exactly it)
+    pairs += [(b, b) for b in config.cuda_graph_batch_sizes if (b, b) not in pairs]
     next_block = iter(range(10**9))
-    for tokens in token_counts:
-        for requests in (b for b in request_counts if b <= tokens):
-            work, new_blocks = [], []
-            for i in range(requests):
-                decoding = i < requests - 1 or tokens == requests
-                prompt = [1] * (bs if decoding else tokens - requests + 1)
-                seq = Sequence(Request(i, prompt, max_tokens=2), bs)
-                if decoding:
-                    seq.tokens.append(1)
-                    seq.num_computed = bs
-                count = seq.num_pending
-                seq.block_table = [next(next_block) % config.num_blocks for _ in range(-(-(seq.num_computed + count) // bs))]
-                new_blocks += seq.block_table[seq.num_computed // bs:]
-                work.append((seq, count))
-            kind = "decode" if tokens == requests else "mixed" if requests > 1 else "prefill"
-            yield f"{kind} tokens={tokens} batch={requests}", ScheduledBatch(0, work, new_blocks)
+    for tokens, requests in pairs:
+        work, new_blocks = [], []
+        for i in range(requests):
+            decoding = i < requests - 1 or tokens == requests
+            prompt = [1] * (bs if decoding else tokens - requests + 1)
+            seq = Sequence(Request(i, prompt, max_tokens=2), bs)
+            if decoding:
+                seq.tokens.append(1)
+                seq.num_computed = bs
+            count = seq.num_pending
+            seq.block_table = [next(next_block) % config.num_blocks for _ in range(-(-(seq.num_computed + count) // bs))]
+            new_blocks += seq.block_table[seq.num_computed // bs:]
+            work.append((seq, count))
+        kind = "decode" if tokens == requests else "mixed" if requests > 1 else "prefill"
+        yield f"{kind} tokens={tokens} batch={requests}", ScheduledBatch(0, work, new_blocks)
 
 
 def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy: str) -> list[dict]:

@@ -86,5 +86,6 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     engine = Engine(config, mode, device, weights_path)
     monitor = DispatchMonitor(cache_dir, policy)
     with (monitor.dry_run(target) if dry_run else monitor.serving()):
+        engine.capture_graphs()  # GPU only: start-up, under the same policy as serving
         result = engine.run(requests, monitor)
     return ServeReport(result, monitor, target.name if target else None, dry_run, missing)

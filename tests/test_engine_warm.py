@@ -135,11 +135,13 @@ def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, 
     served = ENGINES["tiny"]  # up to 4 requests and 32 tokens a step
     requests = [Request(0, list(range(7)), 2), Request(1, list(range(3)), 3, arrival_step=1)]  # a 7-row step
 
-    # Warmed for a smaller engine (2 tokens a step): the start-up check finds the 16-row variants of
-    # its three rms_norm calls (hidden, latent, hidden with residual) missing and refuses.
-    declared = dataclasses.replace(served, max_batch_size=2, max_num_tokens=2)
+    # Warmed for a smaller engine (2 tokens a step): the start-up check finds the 16- and 32-row
+    # variants (32: the fused MoE tile entry's step) of its three rms_norm calls (hidden, latent,
+    # hidden with residual) missing, and the two fused MoE GEMMs of that tile entry, and refuses.
+    declared = dataclasses.replace(served, max_batch_size=2, max_num_tokens=2, cuda_graph_batch_sizes=(1, 2))
     assert warm(engine_plan(declared, "sm90"), tmp_path).failed == 0
-    with pytest.raises(JitPolicyError, match=r"engine start refused: .* lacks 3 of .*\(tuned_rms_norm\)"):
+    with pytest.raises(JitPolicyError,
+                       match=r"engine start refused: .* lacks 8 of .*\(fused_moe_kernel, tuned_rms_norm\)"):
         serve(served, requests, policy="error", dry_run_target="sm90", cache_dir=tmp_path)
 
     # Warmed for the served config, whose plan traces 1, 2 and 16 rows: a 7-row step still needs a
