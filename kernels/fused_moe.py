@@ -11,6 +11,9 @@ expert weight (``[E, N_total, K]``, nn.Linear layout) and writes the slot's outp
   rows ``[N, 2N)``; both accumulate side by side and the tile stores ``silu(gate) * up`` (fp32 math,
   torch's formula), so the ``2N``-wide intermediate never reaches memory.
 - ``MUL_ROUTED_WEIGHT``: the second GEMM scales each slot's row by its routing weight (fp32).
+- ``MXFP4_B``: the weight is OCP MXFP4 as ``mxfp4_quantize`` packs it along K (``[E, N_total, K/2]``
+  bytes, low nibble first, ``[E, N_total, K/32]`` E8M0 scales); each tile is decoded in registers
+  to the activation's dtype (exact: every MXFP4 value is a bf16) before the ``tl.dot``.
 
 Accumulation is fp32; each tile rounds once, when stored. Padding slots and dropped slots (expert
 ids outside ``[0, E)``) are never written.
@@ -21,12 +24,38 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .fp4 import _e2m1_decode, mxfp4_dequantize_reference
+
+
+@triton.jit
+def _e8m0_decode(code):
+    """fp32 ``2**(code - 127)`` from the bits (exact, no exp2): 0 is 2**-127 (an fp32 subnormal), 0xFF NaN."""
+    bits = tl.where(code == 0, 0x00400000, code << 23)
+    return tl.where(code == 255, float("nan"), bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _mxfp4_tile(rows_ptr, scale_rows_ptr, row_ok, k_start, K,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A ``[BLOCK_K, BLOCK_N]`` fp32 tile of an MXFP4 weight: ``rows_ptr`` / ``scale_rows_ptr`` point
+    at each column's packed row and scale row (``[BLOCK_N, 1]``)."""
+    bytes_k = k_start // 2 + tl.arange(0, BLOCK_K // 2)
+    packed = tl.load(rows_ptr + bytes_k[None, :], mask=row_ok[:, None] & (bytes_k < K // 2)[None, :],
+                     other=0).to(tl.int32)
+    values = tl.reshape(tl.join(_e2m1_decode(packed & 0xF), _e2m1_decode(packed >> 4)), (BLOCK_N, BLOCK_K))
+    groups = k_start // 32 + tl.arange(0, BLOCK_K // 32)
+    codes = tl.load(scale_rows_ptr + groups[None, :], mask=row_ok[:, None] & (groups < K // 32)[None, :],
+                    other=127).to(tl.int32)
+    scaled = tl.reshape(values, (BLOCK_N, BLOCK_K // 32, 32)) * _e8m0_decode(codes)[:, :, None]
+    return tl.trans(tl.reshape(scaled, (BLOCK_N, BLOCK_K)))
+
 
 @triton.jit(do_not_specialize=["num_valid_slots", "num_m_blocks"])
 def fused_moe_kernel(
-    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    num_valid_slots, num_m_blocks, N, K, a_row_stride, b_expert_stride, b_row_stride, c_row_stride,
-    TOP_K: tl.constexpr, GATED: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    a_ptr, b_ptr, b_scale_ptr, c_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+    num_tokens_post_padded_ptr, num_valid_slots, num_m_blocks, N, K, a_row_stride, b_expert_stride, b_row_stride,
+    b_scale_expert_stride, b_scale_row_stride, c_row_stride,
+    TOP_K: tl.constexpr, GATED: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, MXFP4_B: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Grouped order: GROUP_M row blocks share each column block of the weight while it is in L2.
@@ -49,6 +78,8 @@ def fused_moe_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     a_rows = a_ptr + (slots // TOP_K).to(tl.int64)[:, None] * a_row_stride
     b_cols = b_ptr + expert * b_expert_stride + offs_n.to(tl.int64)[None, :] * b_row_stride
+    b_rows = b_ptr + expert * b_expert_stride + offs_n.to(tl.int64)[:, None] * b_row_stride  # MXFP4: per column
+    s_rows = b_scale_ptr + expert * b_scale_expert_stride + offs_n.to(tl.int64)[:, None] * b_scale_row_stride
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -56,11 +87,17 @@ def fused_moe_kernel(
         k = k_start + offs_k
         k_ok = k < K
         a = tl.load(a_rows + k[None, :], mask=slot_ok[:, None] & k_ok[None, :], other=0.0)
-        b_mask = k_ok[:, None] & n_ok[None, :]
-        b = tl.load(b_cols + k[:, None], mask=b_mask, other=0.0)
+        if MXFP4_B:
+            b = _mxfp4_tile(b_rows, s_rows, n_ok, k_start, K, BLOCK_N, BLOCK_K).to(a.dtype)
+        else:
+            b = tl.load(b_cols + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision="ieee")
         if GATED:
-            b_up = tl.load(b_cols + N * b_row_stride + k[:, None], mask=b_mask, other=0.0)
+            if MXFP4_B:
+                b_up = _mxfp4_tile(b_rows + N * b_row_stride, s_rows + N * b_scale_row_stride, n_ok, k_start, K,
+                                   BLOCK_N, BLOCK_K).to(a.dtype)
+            else:
+                b_up = tl.load(b_cols + N * b_row_stride + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
 
     out = acc
@@ -92,3 +129,13 @@ def fused_moe_reference(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: t
         act = (F.silu(gate_up[:, :intermediate]) * gate_up[:, intermediate:]).to(hidden.dtype)
         per_slot[slots] = (act.float() @ w_down[expert].float().T) * flat_weights[slots, None]
     return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
+
+
+def fused_moe_mxfp4_reference(hidden, w_gate_up_packed, w_gate_up_scales, w_down_packed, w_down_scales,
+                              topk_weights, topk_ids):
+    """MXFP4 expert weights dequantized (exactly) to ``hidden``'s dtype, then ``fused_moe_reference``."""
+    dtype = hidden.dtype
+    w_gate_up = mxfp4_dequantize_reference(w_gate_up_packed, w_gate_up_scales, dtype)
+    w_down = mxfp4_dequantize_reference(w_down_packed, w_down_scales, dtype)
+    return fused_moe_reference(hidden, w_gate_up, w_down, topk_weights, topk_ids)
+

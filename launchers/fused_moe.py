@@ -11,6 +11,7 @@ specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -91,20 +92,26 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
 
 
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
-# N, K and the strides are per-model constants; TOP_K, the tile and the GEMM kind are constexprs.
-def fused_moe_gemm_launch(a, b, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+# N, K and the strides are per-model constants; TOP_K, the tile, the GEMM kind and the weight format
+# are constexprs. ``b_scales`` is None for dense weights (the kernel never reads the scale pointer then).
+def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
                           top_k: int, gated: bool, mul_routed_weight: bool, config: TileConfig) -> Launch | None:
     num_m_blocks = expert_ids.shape[0]
     n = c.shape[1]
     k = a.shape[1]
     if num_m_blocks == 0 or n == 0:
         return None
+    mxfp4 = b_scales is not None
+    scales = b_scales if mxfp4 else b
+    scale_strides = (b_scales.stride(0), b_scales.stride(1)) if mxfp4 else (0, 0)
     return Launch(
         grid=(num_m_blocks * cdiv(n, config.block_n),),
-        args=(a, b, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
-              topk_weights.numel(), num_m_blocks, n, k, a.stride(0), b.stride(0), b.stride(1), c.stride(0)),
-        constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
-                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+        args=(a, b, scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+              topk_weights.numel(), num_m_blocks, n, k, a.stride(0), b.stride(0), b.stride(1), *scale_strides,
+              c.stride(0)),
+        constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, MXFP4_B=mxfp4,
+                        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                        GROUP_M=config.group_m),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -121,14 +128,41 @@ def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
     dtype. Two launches of one kernel (gate/up with SiLU-and-mul fused; down times the routing
     weight), after ``moe_align_block_size`` with the tile's ``BLOCK_SIZE_M``.
     """
-    num_tokens, hidden_size = hidden.shape
     num_experts, two_i, k_in = w_gate_up.shape
-    intermediate = two_i // 2
-    if k_in != hidden_size or w_down.shape != (num_experts, hidden_size, intermediate):
+    return _fused_moe(hidden, w_gate_up, None, w_down, None, topk_weights, topk_ids, num_experts, two_i // 2, k_in,
+                      tile_table)
+
+
+def fused_moe_mxfp4(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_scales: torch.Tensor,
+                    w_down: torch.Tensor, w_down_scales: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, tile_table: TileTable | None = None) -> torch.Tensor:
+    """``fused_moe`` with OCP MXFP4 expert weights as ``mxfp4_quantize`` packs them along K:
+    ``w_gate_up`` uint8 [E, 2I, H/2] + scales [E, 2I, H/32], ``w_down`` uint8 [E, H, I/2] + scales
+    [E, H, I/32]; H and I multiples of 32. Decoded tile by tile in registers (never in memory)."""
+    num_experts, two_i, half_k = w_gate_up.shape
+    if w_gate_up.dtype != torch.uint8 or w_down.dtype != torch.uint8:
+        raise ValueError("MXFP4 weights are packed uint8 (mxfp4_quantize's output)")
+    if w_gate_up_scales.shape != (num_experts, two_i, half_k // 16) or \
+            w_down_scales.shape != (*w_down.shape[:2], w_down.shape[2] // 16):
+        raise ValueError("MXFP4 scales must be [E, N, K/32] beside packed weights [E, N, K/2]")
+    return _fused_moe(hidden, w_gate_up, w_gate_up_scales, w_down, w_down_scales, topk_weights, topk_ids,
+                      num_experts, two_i // 2, 2 * half_k, tile_table)
+
+
+def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weights, topk_ids, num_experts,
+               intermediate, k_in, tile_table):
+    num_tokens, hidden_size = hidden.shape
+    mxfp4 = gate_up_scales is not None
+    down_k = w_down.shape[2] * (2 if mxfp4 else 1)
+    if k_in != hidden_size or tuple(w_down.shape[:2]) != (num_experts, hidden_size) or down_k != intermediate:
         raise ValueError(f"expert weights {tuple(w_gate_up.shape)} / {tuple(w_down.shape)} do not fit "
                          f"hidden size {hidden_size}: expected [E, 2I, H] and [E, H, I]")
+    if mxfp4 and (hidden_size % 32 or intermediate % 32):
+        raise ValueError(f"MXFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 32")
     top_k = topk_ids.shape[1]
     config = (tile_table or load_tile_table()).select(num_tokens)
+    if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
+        config = dataclasses.replace(config, block_k=32)
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     sorted_ids, expert_ids, post_padded = moe_align_block_size(topk_ids, num_experts, config.block_m)
@@ -136,12 +170,13 @@ def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tenso
     if weights.numel() and weights.stride(0) != 1:
         weights = weights.contiguous()
     slots = num_tokens * top_k
-    act = torch.empty((slots, intermediate), dtype=hidden.dtype, device=hidden.device)
-    fused_moe_gemm_jit(hidden, w_gate_up, act, weights, sorted_ids, expert_ids, post_padded, top_k, True, False,
-                       config)
+    act = hidden.new_empty((slots, intermediate))
+    fused_moe_gemm_jit(hidden, w_gate_up, gate_up_scales, act, weights, sorted_ids, expert_ids, post_padded, top_k,
+                       True, False, config)
     # Zeros: a slot routed to no expert of this rank (id -1) is never written and must add nothing.
     per_slot = torch.zeros((slots, hidden_size), dtype=torch.float32, device=hidden.device)
-    fused_moe_gemm_jit(act, w_down, per_slot, weights, sorted_ids, expert_ids, post_padded, 1, False, True, config)
+    fused_moe_gemm_jit(act, w_down, down_scales, per_slot, weights, sorted_ids, expert_ids, post_padded, 1, False,
+                       True, config)
     return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
 
 
@@ -153,4 +188,16 @@ def _fused_moe_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
 
 @_fused_moe_op.register_fake
 def _(hidden, w_gate_up, w_down, topk_weights, topk_ids):
+    return torch.empty_like(hidden)
+
+
+@custom_op("tritonwarm::fused_moe_mxfp4", mutates_args=())
+def _fused_moe_mxfp4_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_scales: torch.Tensor,
+                        w_down: torch.Tensor, w_down_scales: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor) -> torch.Tensor:
+    return fused_moe_mxfp4(hidden, w_gate_up, w_gate_up_scales, w_down, w_down_scales, topk_weights, topk_ids)
+
+
+@_fused_moe_mxfp4_op.register_fake
+def _(hidden, w_gate_up, w_gate_up_scales, w_down, w_down_scales, topk_weights, topk_ids):
     return torch.empty_like(hidden)

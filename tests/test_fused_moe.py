@@ -10,8 +10,16 @@ import yaml
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.kernels.fused_moe import fused_moe_reference
-from tritonwarm.launchers.fused_moe import DEFAULT_CONFIGS, TileConfig, TileTable, fused_moe, load_tile_table
+from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_reference
+from tritonwarm.launchers.fp4 import mxfp4_quantize
+from tritonwarm.launchers.fused_moe import (
+    DEFAULT_CONFIGS,
+    TileConfig,
+    TileTable,
+    fused_moe,
+    fused_moe_mxfp4,
+    load_tile_table,
+)
 
 SPEC = Path(__file__).parent.parent / "warmup_specs" / "fused_moe.yaml"
 SMALL = TileTable((1,), (TileConfig(16, 16, 16, 2, 4, 2),))  # small tiles: several column and K blocks
@@ -95,13 +103,50 @@ def test_tile_selection_is_nearest_key():
 
 
 def test_warmup_spec_names_one_token_count_per_table_entry():
-    spec = yaml.safe_load(SPEC.read_text())
-    assert spec["axes"]["num_tokens"] == list(load_tile_table().keys)
+    documents = list(yaml.safe_load_all(SPEC.read_text()))
+    assert len(documents) == 2  # bf16 weights, MXFP4 weights
+    for spec in documents:
+        assert spec["axes"]["num_tokens"] == list(load_tile_table().keys)
     the_plan = plan(load_specs([SPEC]), TARGETS["sm90"])
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
-    configs = {c for c in load_tile_table().configs}
-    assert len(gemm) == 2 * len(configs)  # gate/up and down for each distinct entry
+    configs = set(load_tile_table().configs)
+    # gate/up and down for each distinct entry, for each weight format
+    assert len(gemm) == 2 * 2 * len(configs)
+    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(configs)
+
+
+def mxfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
+    x, w_gate_up, w_down, weights, ids = moe_inputs(num_tokens, hidden, intermediate, experts, top_k,
+                                                    torch.float32, seed, ids)
+    return (x.to(dtype), *mxfp4_quantize(w_gate_up), *mxfp4_quantize(w_down), weights, ids)
+
+
+@pytest.mark.parametrize("shape, dtype, seed", [
+    ((5, 64, 32, 4, 2), torch.float32, 10),
+    ((19, 32, 64, 6, 3), torch.bfloat16, 11),
+])
+def test_mxfp4_weights_match_the_dequantized_reference(shape, dtype, seed):
+    inputs = mxfp4_inputs(*shape, dtype, seed)
+    got = fused_moe_mxfp4(*inputs, tile_table=SMALL)  # BLOCK_K 16 is raised to one MX block (32)
+    want = fused_moe_mxfp4_reference(*inputs)
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=atol)
+
+
+def test_mxfp4_with_an_expert_without_tokens():
+    ids = torch.tensor([[0, 3], [3, -1], [0, 0]], dtype=torch.int32)
+    inputs = mxfp4_inputs(3, 64, 32, 5, 2, torch.float32, 12, ids=ids)
+    torch.testing.assert_close(fused_moe_mxfp4(*inputs, tile_table=load_tile_table()),
+                               fused_moe_mxfp4_reference(*inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_mxfp4_shapes_are_checked():
+    x, gp, gs, dp, ds, w, ids = mxfp4_inputs(2, 64, 32, 2, 1, torch.float32, 13)
+    with pytest.raises(ValueError, match="scales must be"):
+        fused_moe_mxfp4(x, gp, gs[..., :1], dp, ds, w, ids)
+    with pytest.raises(ValueError, match="packed uint8"):
+        fused_moe_mxfp4(x, gp.float(), gs, dp, ds, w, ids)
 
 
 @pytest.mark.parametrize("data, message", [
@@ -128,3 +173,4 @@ def test_default_table_is_vllm_format():
 def test_opcheck():
     inputs = moe_inputs(3, 32, 16, 4, 2, torch.float32, 8)
     torch.library.opcheck(torch.ops.tritonwarm.fused_moe.default, inputs)
+    torch.library.opcheck(torch.ops.tritonwarm.fused_moe_mxfp4.default, mxfp4_inputs(3, 32, 32, 4, 2, torch.float32, 9))
