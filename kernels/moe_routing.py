@@ -12,6 +12,13 @@ Selection rules, shared by the kernel and the reference:
   are kept and experts of the other groups are never selected;
 - ties are deterministic: equal scores pick the lower expert index, equal group scores the lower
   group index, and ids come out by descending score, then ascending index (a *stable* sort).
+
+Near ties: "equal" means equal as computed in fp32 on the device running it. Two scores a few ulps
+apart can round to the same fp32 value on one device (or one library's ``exp``/``sigmoid``) and to
+different values on another, so the order of two experts whose scores are within an fp32 ulp or two
+may differ between the kernel, this reference on a CPU, and an fp64 computation; each is exact for
+the fp32 scores it computed. Tests compare orders only where the scores differ by more than that,
+and compare the selected weights, which agree to fp32 rounding either way.
 """
 
 import torch
