@@ -80,7 +80,8 @@ def representative_steps(config: EngineConfig):
                 seq.tokens.append(1)
                 seq.num_computed = bs
             count = seq.num_pending
-            seq.block_table = [next(next_block) % config.num_blocks for _ in range(-(-(seq.num_computed + count) // bs))]
+            num_blocks = -(-(seq.num_computed + count) // bs)
+            seq.block_table = [next(next_block) % config.num_blocks for _ in range(num_blocks)]
             new_blocks += seq.block_table[seq.num_computed // bs:]
             work.append((seq, count))
         kind = "decode" if tokens == requests else "mixed" if requests > 1 else "prefill"
