@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 import triton
-
 from tritonwarm.engine import ops as engine_ops
 from tritonwarm.engine.config import ENGINES
 from tritonwarm.engine.plan import check_trace, engine_plan, format_trace_report

@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 import torch
-
 from tritonwarm.engine.config import ENGINES, engine_config_from_dict
 from tritonwarm.engine.engine import Engine
 from tritonwarm.engine.graphs import graph_size, is_graph_step, pad_step

@@ -5,7 +5,6 @@ import re
 import pytest
 import torch
 import triton
-
 from tritonwarm.launchers._host import cdiv, next_power_of_2
 from tritonwarm.launchers._op import custom_op
 
