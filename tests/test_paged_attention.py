@@ -188,4 +188,5 @@ def test_warmup_spec_plans_cleanly(target):
     and one combine binary, plus the schedule kernel shared by all."""
     the_plan = plan(load_specs([SPEC]), TARGETS[target])
     assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
-    assert len(the_plan.variants) == 2 * 2 * 2 + 1
+    # on AMD, a KV cache over 2 GiB is another split binary (buffer ops' pointer range)
+    assert len(the_plan.variants) == 2 * 2 * 2 + 1 + (0 if target == "sm90" else 2 * 2)
