@@ -63,7 +63,7 @@ def lookup_ms(variant, target, cache_dir: Path) -> float:
 
 def fetch_ms(store, variant) -> float:
     start = time.perf_counter()
-    assert store.read_entry(variant.cache_dir_name, f"__grp__{variant.entry_name[:150]}.json") is not None
+    assert store.read_entry(variant.entry_dir, f"__grp__{variant.entry_name[:150]}.json") is not None
     return (time.perf_counter() - start) * 1e3
 
 
@@ -96,7 +96,7 @@ def main() -> None:
         compiles = _count_compiles()
         rows, local_total, remote_total, redis_total = [], 0.0, 0.0, 0.0
         for variant in the_plan.variants.values():
-            files = entry_files(local, variant.cache_dir_name, variant.entry_name)
+            files = entry_files(local, variant.entry_dir, variant.entry_name)
             size_kb = sum(os.path.getsize(p) for p in files.values()) / 1024
             hit = statistics.median(lookup_ms(variant, target, local) for _ in range(args.repeat))
             os.environ.update(TRITON_CACHE_MANAGER="tritonwarm.jit.cache.remote:RedisCacheManager",

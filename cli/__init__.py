@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 
+from ..errors import describe_error
 from .common import SHIPPED_SPECS, UsageError
 
 
@@ -37,20 +38,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(e: Exception) -> str:
     """The error's own message on one line; its type only where the message says too little."""
-    if isinstance(e, KeyError) and e.args:
-        text = str(e.args[0])  # str(KeyError) wraps the message in quotes
-    elif isinstance(e, (LookupError, ValueError, OSError, RuntimeError)) and str(e):
-        text = str(e)
-    else:
-        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    return " ".join(text.split())
+    return describe_error(e)
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every command's arguments. Only light modules are imported here: ``--help`` and argument
+    errors never pay for torch, Triton or the engine (each command imports what it needs)."""
+    from .. import __version__
     from ..engine.cli import add_engine_parser
     from . import bundle, cache, env, record, tune, warm
 
     p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
+    p.add_argument("--version", action="version", version=f"tritonwarm {__version__}")
     sub = p.add_subparsers(metavar="COMMAND")
     warm.add_parsers(sub)
     cache.add_parsers(sub)

@@ -16,6 +16,8 @@ from .common import (
 )
 from .env import add_for_args, keyed_for
 
+IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")  # jit.inspection.IR_KINDS (tested equal)
+
 
 def add_parsers(sub) -> None:
     ls = sub.add_parser("list", help="one row per warmed variant")
@@ -26,8 +28,6 @@ def add_parsers(sub) -> None:
 
     sh = sub.add_parser("show", help="one warmed variant in full, or its IR")
     sh.add_argument("variant", help="variant id (a prefix of it works) from `tritonwarm list`")
-    from ..jit.inspection import IR_KINDS
-
     sh.add_argument("--ir", choices=IR_KINDS, help="print this intermediate representation")
     add_cache_args(sh)
     sh.set_defaults(func=cmd_show)
@@ -74,7 +74,10 @@ def cmd_list(args) -> int:
                       format_args(r["args"])))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    if any(not r.get("resources") and r["target"].startswith("gfx") for r in rows):
+        print("-: REGS, SPILL and SHARED are read from NVIDIA cubins with the cuobjdump Triton ships; "
+              "Triton ships no such tool for AMD hsaco, so AMD targets show none")
     return 0
 
 

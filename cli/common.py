@@ -9,8 +9,8 @@ from pathlib import Path
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
 
-class UsageError(Exception):
-    """Bad input: reported in one line, exit code 2."""
+class UsageError(ValueError):
+    """Bad input: reported in one line (its message, no class name), exit code 2."""
 
 
 def add_cache_args(p):

@@ -45,18 +45,22 @@ def add_parsers(sub) -> None:
     c.add_argument("--remote", metavar="URL",
                    help="instead: the plan vs a shared Redis cache (redis://HOST:PORT[/DB]): missing, corrupt")
     add_for_args(c)
+    c.add_argument("--verbose", "-v", action="store_true",
+                   help="also list the redundant rows (rows whose variants other rows already give)")
     c.set_defaults(func=cmd_check)
 
 
 
 @keyed_for
 def cmd_warmup(args) -> int:
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    from ..jit.cache import check_cache_dir
     from ..jit.warmup import warm
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    check_cache_dir(cache_dir, for_writing=True)
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     results, problems, pushes = [], [], []
     for target in targets:
@@ -67,6 +71,9 @@ def cmd_warmup(args) -> int:
             result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)
         results.append(result)
         problems += result.failures + _store_pinned_winners(specs, target, cache_dir)
+        if result.manifest_set_aside:
+            print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt from "
+                  f"the entries that verify", file=sys.stderr)
         if not args.json:
             print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
                   f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
@@ -99,6 +106,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
 
 @keyed_for
 def cmd_check(args) -> int:
+    from ..jit.cache import check_cache_dir
     from ..jit.check import check
 
     if args.trace:
@@ -108,6 +116,7 @@ def cmd_check(args) -> int:
     from ..jit.winners import probe_winners
 
     specs, targets, cache_dir = prepare(args)
+    check_cache_dir(cache_dir, for_writing=False)
     reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
     for report, target in zip(reports, targets, strict=True):
         report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
@@ -115,13 +124,19 @@ def cmd_check(args) -> int:
         print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
+        print(f"cache: {cache_dir}")
         for r in reports:
             status = "ok" if r.ok else "PROBLEMS"
+            unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
             print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
-                  f"{len(r.corrupt)} corrupt, {len(r.unreachable)} unreachable rows, "
+                  f"{len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows, "
                   f"{len(r.redundant)} redundant rows")
+            if r.manifest_problem:
+                print(f"  manifest: {r.manifest_problem}")
             for line in r.reasons:
                 print(f"  why: {line}")
+            for m in r.unreadable:
+                print(f"  unreadable  {m['id']}  {short_kernel(m['kernel'])}  {m['why']}")
             for m in r.missing:
                 print(f"  missing  {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
             for m in r.corrupt:
@@ -140,16 +155,21 @@ def cmd_check(args) -> int:
                 print(f"  winner unknown: {line}")
             for line in r.notes:
                 print(f"  note: {line}")
+            if args.verbose:
+                for row in r.redundant:
+                    print(f"  redundant row: {row}")
     return 0 if all(r.ok for r in reports) else 1
 
 
 def _check_trace(args) -> int:
     from ..engine.plan import check_trace, format_trace_report
-    from ..jit.cache import resolve_cache_dir
+    from ..jit.cache import check_cache_dir, resolve_cache_dir
     from ..jit.targets import resolve_target
 
     target = resolve_target(args.target).name if args.target else None
-    report = check_trace(Path(args.trace), resolve_cache_dir(args.cache_dir), target)
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    check_cache_dir(cache_dir, for_writing=False)
+    report = check_trace(Path(args.trace), cache_dir, target)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:

@@ -6,22 +6,26 @@ input (plain exceptions; ``tritonwarm.cli.main`` prints them as one line).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
-from ..jit.monitor import POLICIES, JitPolicyError
-from .ops import OPS
+# The parser is built for every command (and --help): these mirror jit.monitor.POLICIES and
+# engine.ops.OPS (tested equal) so that building it imports neither torch nor Triton.
+POLICIES = ("off", "warn", "error")
+MODES = ("reference", "triton")
 
 
 def add_engine_parser(subparsers) -> None:
     engine = subparsers.add_parser("engine", help="the serving engine built on the kernels")
     sub = engine.add_subparsers(metavar="ENGINE_COMMAND")
-    run = sub.add_parser("run", help="serve a seeded workload of requests")
+    run = sub.add_parser("run", help="serve a seeded workload of requests",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--config", default="tiny", help="preset (tiny, deepseek-v2-lite) or a YAML/JSON config file")
     run.add_argument("--requests", type=int, default=8, help="number of requests in the workload")
     run.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
     run.add_argument("--seed", type=int, default=0, help="workload seed (prompts, lengths, arrival steps)")
-    run.add_argument("--mode", choices=sorted(OPS), default="triton",
+    run.add_argument("--mode", choices=MODES, default="triton",
                      help="triton: the kernels; reference: their PyTorch references")
     run.add_argument("--weights", help="safetensors file or directory (default: seeded random weights)")
     run.add_argument("--jit-policy", choices=POLICIES, default="warn",
@@ -39,6 +43,7 @@ def add_engine_parser(subparsers) -> None:
 
 
 def cmd_engine_run(args) -> int:
+    from ..jit.monitor import JitPolicyError
     from .config import load_engine_config
     from .metrics import EngineMetrics
     from .runner import make_workload, serve
@@ -76,7 +81,7 @@ def cmd_engine_run(args) -> int:
     if args.json:
         print(json.dumps({"outputs": result.outputs, **summary}, indent=1))
     else:
-        for request, output in zip(requests, result.outputs):
+        for request, output in zip(requests, result.outputs, strict=True):
             print(f"request {request.request_id}: prompt {len(request.prompt)} tokens, arrived at step "
                   f"{request.arrival_step}: {output}")
         fake = " (fake tokens: dry run)" if report.dry_run else ""

@@ -13,11 +13,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..jit import Target, capture, class_reps, resolve_target
-from ..jit.cache import Manifest, entry_files
+from ..jit import Target, class_reps, resolve_target
+from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.check import check
 from ..jit.monitor import JitPolicyError
-from ..jit.plan import Plan
+from ..jit.plan import Plan, trace_rows
+from ..jit.records import read_record
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
 from .model import plan_token_counts
@@ -33,25 +34,12 @@ def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan
     config = load_engine_config(config)
     target = resolve_target(target) if isinstance(target, str) else target
     engine = Engine(config, "triton", "meta")
-    plan = Plan(target)
+    name = config.model.name
+    steps = ((f"engine:{name} {label}", lambda batch=batch: engine.execute(batch))
+             for label, batch in representative_steps(config))
+    plan, _ = trace_rows(target, IMPORT_PATH, steps)
     if source is not None:  # a preset's name, or the config file's absolute path
         plan.sources["engine_configs"] = [str(Path(source).resolve()) if Path(source).is_file() else str(source)]
-    name = config.model.name
-    with capture(target) as cap:
-        cap.import_path = IMPORT_PATH
-        for label, batch in representative_steps(config):
-            label = f"engine:{name} {label}"
-            cap.current_row = label
-            plan.rows += 1
-            try:
-                engine.execute(batch)
-            except Exception as e:
-                plan.errors.append(f"{label}: {type(e).__name__}: {e}")
-                continue
-            if not cap.row_keys.get(label):
-                plan.unreachable.append(label)
-    # The capture already merged repeated launches (and their rows) per variant, as _plan_spec relies on.
-    plan.variants = {v.cache_hash: v for v in cap.variants.values()}
     return plan
 
 
@@ -133,9 +121,7 @@ class TraceReport:
 
 def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | None = None) -> TraceReport:
     """A dispatch record (``engine run --record FILE``) against the cache's manifest for its target."""
-    import json
-
-    lines = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
+    lines = read_record(record_path)
     targets = {line["target"] for line in lines}
     if target is None and len(targets) > 1:
         raise ValueError(f"{record_path} holds several targets ({', '.join(sorted(targets))}): pass --target")
@@ -150,9 +136,16 @@ def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | No
                                   "first": line.get("first"), "launches": line.get("launches", 0)})
     used = {line["cache_hash"] for line in launched}
     for cache_hash, entry in sorted(Manifest(Path(cache_dir), target).read().items()):
-        if cache_hash not in used and entry_files(Path(cache_dir), entry["entry_dir"], entry["entry_name"]):
+        if cache_hash not in used and _present(Path(cache_dir), entry):
             report.unused.append({"id": entry["id"], "kernel": entry["kernel"], "rows": entry.get("rows", [])})
     return report
+
+
+def _present(cache_dir: Path, entry: dict) -> bool:
+    try:
+        return entry_files(cache_dir, entry["entry_dir"], entry["entry_name"]) is not None
+    except UnreadableEntry:
+        return False
 
 
 def format_trace_report(report: TraceReport) -> list[str]:

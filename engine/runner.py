@@ -6,7 +6,6 @@ The dry run is the same Engine, Scheduler and Model code; only the device and th
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..jit.monitor import DispatchMonitor
+from ..jit.records import write_record
 from .config import EngineConfig
 from .engine import Engine, RunResult
 from .plan import startup_check
@@ -59,10 +59,8 @@ class ServeReport:
 
     def write_record(self, path: str | Path) -> None:
         """The dispatch record (JSONL): every variant launched, hit or miss, and the first step needing it."""
-        with open(path, "w") as f:
-            for cache_hash, dispatch in self.monitor.dispatches.items():
-                line = {**dispatch.to_json(), "first": self.result.first_seen.get(cache_hash)}
-                f.write(json.dumps(line) + "\n")
+        write_record(path, ({**launched.to_json(), "first": self.result.first_seen.get(cache_hash)}
+                            for cache_hash, launched in self.monitor.dispatches.items()))
 
 
 def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton", policy: str = "off",

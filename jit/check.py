@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .c_launchers import missing_c_launchers
-from .cache import Manifest, entry_files, files_match_record
+from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, files_match_record
 from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint
 from .plan import Plan
@@ -37,11 +37,14 @@ class CheckReport:
     reasons: list[str] = field(default_factory=list)  # why planned variants are missing, one line each
     missing_c_launchers: list[str] = field(default_factory=list)  # C modules Triton would build at first launch
     c_launcher_fix: str | None = None
+    unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
+    manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
-                    or self.unknown_winners or self.missing_c_launchers)
+                    or self.unknown_winners or self.missing_c_launchers or self.unreadable
+                    or self.manifest_problem)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -56,11 +59,18 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
                          redundant=list(the_plan.redundant), notes=list(the_plan.notes),
                          environment=fingerprint_id(runtime, target.name))
     manifest = Manifest(cache_dir, target.name)
-    recorded = manifest.read()
+    try:
+        recorded = manifest.read()
+    except ManifestDamaged as e:
+        report.manifest_problem, recorded = str(e), {}
     intact = []
     for variant in the_plan.variants.values():
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args, "rows": variant.rows}
+        try:
+            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+        except UnreadableEntry as e:
+            report.unreadable.append({**summary, "why": str(e)})
+            continue
         if files is None:
             report.missing.append(summary)
         elif not files_match_record(files, recorded.get(variant.cache_hash)):

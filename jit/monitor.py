@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -24,9 +23,10 @@ from pathlib import Path
 
 from triton import knobs
 
-from .cache import entry_files
+from .cache import UnreadableEntry, entry_files
 from .foreign import kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
+from .records import write_record
 from .targets import Target, target_from_gpu_target
 from .trace import Capture, Variant, _hook_lock
 
@@ -40,7 +40,12 @@ class JitPolicyError(RuntimeError):
 
 
 @dataclass
-class Dispatch:
+class LaunchedVariant:
+    """One line of the dispatch record: a variant launched at serving time, found in the cache or not.
+
+    (Not to be confused with ``dispatch.FastDispatch``, the direct launch path of a ``JitKernel``.)
+    """
+
     kernel: str
     target: str
     variant: str  # short id (start of Triton's cache hash), as `tritonwarm list` shows it
@@ -61,7 +66,7 @@ class DispatchMonitor:
             raise ValueError(f"unknown jit policy {policy!r}: choose one of {', '.join(POLICIES)}")
         self.cache_dir = Path(cache_dir)
         self.policy = policy
-        self.dispatches: dict[str, Dispatch] = {}
+        self.dispatches: dict[str, LaunchedVariant] = {}
         self.launches: collections.Counter[str] = collections.Counter()
         self.compiles = 0  # kernel compiles and C builds at serving time
         self.compile_seconds = 0.0
@@ -75,19 +80,22 @@ class DispatchMonitor:
         return sum(1 for d in self.dispatches.values() if d.hit)
 
     @property
-    def misses(self) -> list[Dispatch]:
+    def misses(self) -> list[LaunchedVariant]:
         return [d for d in self.dispatches.values() if not d.hit]
 
     def count_launch(self, kernel: JitKernel) -> None:
         with self._lock:
             self.launches[kernel.name] += 1
 
-    def _record(self, variant: Variant, *, count_launch: bool) -> Dispatch:
+    def _record(self, variant: Variant, *, count_launch: bool) -> LaunchedVariant:
         with self._lock:
             dispatch = self.dispatches.get(variant.cache_hash)
             if dispatch is None:
-                hit = entry_files(self.cache_dir, variant.cache_dir_name, variant.entry_name) is not None
-                dispatch = Dispatch(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
+                try:
+                    hit = entry_files(self.cache_dir, variant.entry_dir, variant.entry_name) is not None
+                except UnreadableEntry:
+                    hit = False  # Triton cannot read it either: it would compile
+                dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
                                     variant.args)
                 self.dispatches[variant.cache_hash] = dispatch
                 if not hit:
@@ -97,7 +105,7 @@ class DispatchMonitor:
                 self.launches[variant.kernel] += 1
             return dispatch
 
-    def _on_miss(self, dispatch: Dispatch) -> None:
+    def _on_miss(self, dispatch: LaunchedVariant) -> None:
         message = (f"{dispatch.kernel} would compile at serving time on {dispatch.target}: variant "
                    f"{dispatch.variant} ({', '.join(f'{k}:{v}' for k, v in dispatch.args.items())}) "
                    f"is not in {self.cache_dir}")
@@ -108,9 +116,7 @@ class DispatchMonitor:
 
     def write_record(self, path: str | Path) -> None:
         """The dispatch record as JSON lines: one per variant launched, with hit or miss."""
-        with open(path, "w") as f:
-            for dispatch in self.dispatches.values():
-                f.write(json.dumps(dispatch.to_json()) + "\n")
+        write_record(path, (d.to_json() for d in self.dispatches.values()))
 
     # ------------------------------------------------------------------ dry run
 

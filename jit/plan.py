@@ -7,7 +7,7 @@ variants (vLLM #53567). Nothing here compiles or writes the cache, except the pl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,27 +117,45 @@ def _source_key(kernel_name: str) -> str | None:
     return kernel.jit_function.cache_key if kernel is not None else None
 
 
-def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
+def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Callable[[], object]]], *,
+               all_kernels: bool = False) -> tuple[Plan, Capture]:
+    """The tracing protocol specs and engines share: run each ``(label, call)`` on fake inputs for
+    ``target`` and keep what Triton's binder computed; a call that raises is an error of its row, a
+    row that launches nothing is unreachable. With ``all_kernels`` every Triton kernel the calls reach
+    is traced (``capture: all``), not only JitKernels. Nothing is compiled."""
     result = Plan(target)
-    cap = Capture()
-    cap.import_path = spec.kernel_path
-    rows = spec.rows()
-    result.rows = len(rows)
-    with tracing(cap, target, spec.capture_all) as autotune:
-        for row in rows:
-            cap.current_row = autotune.row = row.label
-            try:
-                _call(spec, row.values)
-            except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
-                result.errors.append(f"{row.label}: {type(e).__name__}: {e}")
-    cap.current_row = None
+    cap = Capture(import_path)
+    with tracing(cap, target, all_kernels) as autotune:
+        for label, call in rows:
+            result.rows += 1
+            autotune.row = label
+            with cap.row(label):
+                try:
+                    call()
+                except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
+                    result.errors.append(f"{label}: {type(e).__name__}: {e}")
+                    continue
+            if not cap.keys_of(label):
+                result.unreachable.append(label)
     result.notes += autotune.notes
+    result.variants = {v.cache_hash: v for v in cap.variants.values()}
+    return result, cap
+
+
+def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
+    rows = spec.rows()
+    result, cap = trace_rows(target, spec.kernel_path,
+                             ((row.label, lambda values=row.values: _call(spec, values)) for row in rows),
+                             all_kernels=spec.capture_all)
+    if rows and not result.variants and not result.errors:
+        # Specs are code, run like an imported module: a launcher that launches no Triton kernel
+        # (a shell helper, say) is a mistake, and both warmup and check say so.
+        result.errors.append(f"{spec.file}: kernel: {spec.kernel_path} launched no Triton kernel in any of its "
+                             f"{len(rows)} rows: it must call tritonwarm JitKernels")
     collapsed = {a.name for a in spec.collapsed_axes()}
     seen: list[tuple[dict, set[str]]] = []
     for row in rows:
-        keys = cap.row_keys.get(row.label, set())
-        if not keys and not any(e.startswith(row.label) for e in result.errors):
-            result.unreachable.append(row.label)
+        keys = cap.keys_of(row.label)
         # Redundant: everything it launches comes from earlier rows that differ in a declared
         # (not collapsed) axis. Collapsed representatives often share a variant by design.
         fixed = {k: v for k, v in row.values.items() if k not in collapsed}
@@ -147,7 +165,6 @@ def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
         seen.append((fixed, keys))
     if verify_collapse:
         result.collapse_errors += _verify_collapse(spec, rows, cap, target)
-    result.variants = {v.cache_hash: v for v in cap.variants.values()}
     return result
 
 
@@ -165,18 +182,17 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
     problems = []
     for axis in spec.collapsed_axes():
         for index, row in enumerate(rows):
-            expected = cap.row_keys.get(row.label)
+            expected = cap.keys_of(row.label)
             if not expected:
                 continue
             for sample in spec.collapse_samples(axis, row.values[axis.name], seed=index):
                 probe = Capture()
-                with tracing(probe, target, spec.capture_all):
-                    probe.current_row = "probe"
+                with tracing(probe, target, spec.capture_all), probe.row("probe"):
                     try:
                         _call(spec, {**row.values, axis.name: sample})
                     except Exception:
                         continue  # reported for the row itself if it matters
-                got = probe.row_keys.get("probe", set())
+                got = probe.keys_of("probe")
                 if got != expected:
                     problems.append(
                         f"{spec.file}:{axis.line}: axes.{axis.name}: collapse: true is unsound: "

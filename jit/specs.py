@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import inspect
 import itertools
 import random
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import yaml
 
+from ..errors import describe_error
 from .specialization import class_reps, fake_tensor, scalar_class
 from .targets import Target
 
@@ -28,6 +30,9 @@ CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
 TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
 MAX_ENUMERATED_RANGE = 4096
+MAX_ROWS = 10_000  # the cross product of a spec's axes and groups, counted before anything is built
+MAX_INT_BITS = 256  # integers an expression may build (2**64 fits; 9**9**9 does not)
+MAX_SEQUENCE = 10_000  # items a string or list repetition may build
 
 
 class SpecError(ValueError):
@@ -42,6 +47,14 @@ class SpecError(ValueError):
 # --------------------------------------------------------------------------- YAML with line numbers
 
 
+_PLAIN_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
+
+
+def _shown_tag(tag: str) -> str:
+    """As the user wrote it: ``!!python/name:os.system``."""
+    return "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+
+
 class _Located:
     """YAML → plain Python values plus the line of every path, for error messages."""
 
@@ -52,6 +65,9 @@ class _Located:
 
     def convert(self, node: yaml.Node, path: tuple) -> Any:
         self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+            raise SpecError(self.file, node.start_mark.line + 1, ".".join(map(str, path)) or "<spec>",
+                            f"unsupported YAML tag {_shown_tag(node.tag)}: a spec holds plain values only")
         if isinstance(node, yaml.MappingNode):
             out = {}
             for key_node, value_node in node.value:
@@ -64,7 +80,11 @@ class _Located:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [self.convert(v, path + (i,)) for i, v in enumerate(node.value)]
-        return self._loader.construct_object(node, deep=True)
+        try:
+            return self._loader.construct_object(node, deep=True)
+        except yaml.YAMLError:  # an explicit tag such as !!python/name: plain values only
+            raise SpecError(self.file, node.start_mark.line + 1, ".".join(map(str, path)) or "<spec>",
+                            f"unsupported YAML tag {_shown_tag(node.tag)}: a spec holds plain values only") from None
 
     def line(self, path: tuple) -> int | None:
         while path and path not in self.lines:
@@ -87,11 +107,44 @@ _FUNCTIONS = {"min": min, "max": max, "abs": abs, "int": int,
               "cdiv": lambda a, b: -(-a // b), "next_power_of_2": lambda n: 1 << max(int(n) - 1, 0).bit_length()}
 
 
+def _bounded_pow(base, exponent):
+    if isinstance(base, int) and isinstance(exponent, int) and exponent > 0 and abs(base) > 1:
+        if (abs(base).bit_length() - 1) * exponent > MAX_INT_BITS:
+            raise ValueError(f"{base}**{exponent} is too large (integers stop at 2**{MAX_INT_BITS})")
+    return base**exponent
+
+
+def _bounded_mul(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        if a.bit_length() + b.bit_length() > MAX_INT_BITS + 1:
+            raise ValueError(f"{a} * {b} is too large (integers stop at 2**{MAX_INT_BITS})")
+    for seq, n in ((a, b), (b, a)):
+        if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_SEQUENCE:
+            raise ValueError(f"repeating {len(seq)} items {n} times is too large (limit {MAX_SEQUENCE})")
+    return a * b
+
+
+_BOUNDED = {ast.Pow: "_bounded_pow", ast.Mult: "_bounded_mul"}
+_RUNTIME = {"_bounded_pow": _bounded_pow, "_bounded_mul": _bounded_mul}
+
+
+class _BoundArithmetic(ast.NodeTransformer):
+    """``a ** b`` and ``a * b`` → calls that refuse results too large to build (``$9**9**9**9`` hangs)."""
+
+    def visit_BinOp(self, node: ast.BinOp):
+        self.generic_visit(node)
+        name = _BOUNDED.get(type(node.op))
+        if name is None:
+            return node
+        return ast.copy_location(ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], []), node)
+
+
 class Expr:
     """A small, safe Python expression over axis names (``$2 * hidden``, filters)."""
 
     def __init__(self, text: str, names: set[str], where: SpecError):
         self.text = text
+        self.where = where  # file, line and field, for errors found when evaluating
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as e:
@@ -105,10 +158,28 @@ class Expr:
                                 f"only {', '.join(_FUNCTIONS)} may be called in {text!r}")
             if isinstance(node, ast.Name) and node.id not in names and node.id not in _FUNCTIONS:
                 raise SpecError(where.file, where.line, where.field, f"unknown axis {node.id!r} in {text!r}")
+        tree = ast.fix_missing_locations(_BoundArithmetic().visit(tree))
         self.code = compile(tree, "<spec>", "eval")
 
     def __call__(self, row: dict[str, Any]) -> Any:
-        return eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, dict(row))  # noqa: S307 (validated AST)
+        return eval(self.code, {"__builtins__": {}, **_FUNCTIONS, **_RUNTIME}, dict(row))  # noqa: S307
+
+    @property
+    def axis_name(self) -> str | None:
+        """The axis this expression names, when it is nothing more than that (``$dtype``)."""
+        name = self.text.strip()
+        return name if name.isidentifier() else None
+
+    def evaluate(self, row: dict[str, Any]) -> Any:
+        """Evaluate for validation: any failure is a ``SpecError`` naming the file, line and row."""
+        try:
+            return self(row)
+        except Exception as e:
+            shown = ", ".join(f"{k}={v}" for k, v in row.items())
+            raise self.error(f"${self.text} fails for ({shown}): {describe_error(e)}") from None
+
+    def error(self, message: str) -> SpecError:
+        return SpecError(self.where.file, self.where.line, self.where.field, message)
 
 
 # --------------------------------------------------------------------------- the spec
@@ -160,7 +231,7 @@ class Spec:
             values: dict[str, Any] = {}
             for part in combo:
                 values.update(part)
-            if self.filter is not None and not self.filter(values):
+            if self.filter is not None and not self.filter.evaluate(values):
                 continue
             shown = ", ".join(f"{k}={v}" for k, v in values.items())
             rows.append(Row(f"{self.name}#{len(rows)} ({shown})", values))
@@ -221,6 +292,42 @@ def _build(template, row):
     return template
 
 
+def _validate(template, row, loc: _Located):
+    """What ``_build`` does for one row, without building a tensor: every expression evaluates and
+    every dtype is known, or a ``SpecError`` names the file, line and field before anything is traced."""
+    if isinstance(template, Expr):
+        return template.evaluate(row)
+    if isinstance(template, _TensorArg):
+        if not _validate(template.when, row, loc):
+            return None
+        _validate_dtype(template.dtype, row, loc)
+        for dims in (template.shape, template.stride or []):
+            for d in dims:
+                value = _validate(d, row, loc)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    where = d.where if isinstance(d, Expr) else None
+                    message = f"a dimension must be a non-negative integer, got {value!r}"
+                    raise (d.error(message) if where else loc.error((), message))
+        _validate(template.aligned, row, loc)
+        return None
+    if isinstance(template, _DtypeArg):
+        return _validate_dtype(template.dtype, row, loc)
+    if isinstance(template, list):
+        return [_validate(t, row, loc) for t in template]
+    if isinstance(template, dict):
+        return {k: _validate(v, row, loc) for k, v in template.items()}
+    return template
+
+
+def _validate_dtype(template, row, loc):
+    value = _validate(template, row, loc)
+    try:
+        return _dtype(value)
+    except ValueError:
+        raise template.error(f"unknown dtype {value!r} from ${template.text} "
+                             "(a torch dtype name, e.g. bfloat16)") from None
+
+
 def _dtype(value):
     if isinstance(value, torch.dtype):
         return value
@@ -261,7 +368,10 @@ def find_spec_files(paths: list[str | Path]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files.extend(sorted([*p.glob("*.yaml"), *p.glob("*.yml")]))
+            found = sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+            if not found:
+                raise SpecError(p, None, "<directory>", "no specs in it (*.yaml, *.yml)")
+            files.extend(found)
         elif p.exists():
             files.append(p)
         else:
@@ -343,11 +453,53 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
             raise loc.error(("config",), "a pinned autotune config is an index, a mapping of meta-parameters and "
                                          "options (e.g. {BLOCK: 128, num_warps: 4}) or a $expression")
         config = _parse_template(config, ("config",), known, loc)
+    combinations = 1
+    for count in [len(a.values) for a in axes] + [len(g[0].values) for g in groups]:
+        combinations *= count
+    if combinations > MAX_ROWS:
+        raise loc.error(("axes",) if axes else ("groups",),
+                        f"{combinations} rows (the product of every axis and group; at most {MAX_ROWS}): collapse "
+                        "runtime scalars, add steps, or split the spec")
+    _validate_axis_dtypes(args, axes + [a for g in groups for a in g], loc)
     spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher,
                 capture_all=capture == "all", config=config)
-    if not spec.rows():
+    rows = spec.rows()
+    if not rows:
         raise loc.error(("filter",) if filter_expr else (), "the spec has no rows")
+    for row in rows:
+        _validate(args, row.values, loc)
     return spec
+
+
+def _validate_axis_dtypes(template, axes: list[Axis], loc: _Located) -> None:
+    """A ``dtype: $axis`` names an axis whose every value must be a dtype: the error points at the value."""
+    by_name = {a.name: a for a in axes}
+    for dtype_template in _dtype_templates(template):
+        axis = by_name.get(dtype_template.axis_name) if isinstance(dtype_template, Expr) else None
+        if axis is None:
+            continue
+        for i, value in enumerate(axis.values):
+            try:
+                _dtype(value)
+            except ValueError:
+                candidates = [("axes", axis.name, i)] + [p for p in loc.lines
+                                                         if p[:1] == ("groups",) and p[2:] == (axis.name, i)]
+                path = next((p for p in candidates if p in loc.lines), ("axes", axis.name))
+                raise loc.error(path, f"unknown dtype {value!r} (a torch dtype name, e.g. bfloat16), used by "
+                                      f"{dtype_template.where.field}") from None
+
+
+def _dtype_templates(template):
+    if isinstance(template, _TensorArg):
+        yield template.dtype
+    elif isinstance(template, _DtypeArg):
+        yield template.dtype
+    elif isinstance(template, list):
+        for t in template:
+            yield from _dtype_templates(t)
+    elif isinstance(template, dict):
+        for t in template.values():
+            yield from _dtype_templates(t)
 
 
 def _mapping(data, key, loc) -> dict:
@@ -389,11 +541,12 @@ def _parse_axis(name: str, value: Any, path: tuple, loc: _Located) -> Axis:
         except ValueError as e:
             raise loc.error(path + ("range",), str(e)) from None
         return Axis(name, list(reps.values()), collapsed_range=(lo, hi), line=line)
-    values = list(range(lo, hi + 1, step))
-    if len(values) > MAX_ENUMERATED_RANGE:
-        raise loc.error(path + ("range",), f"{len(values)} values to enumerate: add a step, or collapse: true "
-                                             "if the value reaches the kernel only as a runtime scalar")
-    return Axis(name, values, line=line)
+    count = (hi - lo) // step + 1  # counted, not built: [1, 2**40] must not allocate
+    if count > MAX_ENUMERATED_RANGE:
+        raise loc.error(path + ("range",), f"{count} values to enumerate (at most {MAX_ENUMERATED_RANGE}): add a "
+                                             "step, or collapse: true if the value reaches the kernel only as a "
+                                             "runtime scalar")
+    return Axis(name, list(range(lo, hi + 1, step)), line=line)
 
 
 def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
@@ -405,7 +558,8 @@ def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
         if "tensor" in value:
             for key in value:
                 if key not in TENSOR_FIELDS:
-                    raise loc.error(path + (key,), f"unknown tensor field (expected {', '.join(sorted(TENSOR_FIELDS))})")
+                    raise loc.error(path + (key,),
+                                f"unknown tensor field (expected {', '.join(sorted(TENSOR_FIELDS))})")
             shape = value["tensor"]
             if not isinstance(shape, list):
                 raise loc.error(path + ("tensor",), "the shape must be a list")
@@ -457,6 +611,9 @@ def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
         launcher = getattr(launcher, part, None)
         if launcher is None:
             raise loc.error((where,), f"unknown {where}: {module_name!r} has no {attr!r}")
-    if not callable(launcher):
-        raise loc.error((where,), f"{kernel_path!r} is not callable")
+    if inspect.isbuiltin(launcher) or inspect.isclass(launcher) or not callable(launcher):
+        what = ("a built-in function" if inspect.isbuiltin(launcher) else "a class" if inspect.isclass(launcher)
+                else "not callable")
+        raise loc.error((where,), f"{kernel_path!r} is {what}: expected 'module:function' naming a Python "
+                                  "launcher function that launches Triton kernels")
     return launcher

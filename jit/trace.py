@@ -13,8 +13,9 @@ import contextlib
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any
 
 from triton import knobs
 from triton.runtime.jit import JITFunction
@@ -47,13 +48,14 @@ class Variant:
         return self.cache_hash[:12]
 
     @property
-    def cache_dir_name(self) -> str:
-        import base64
+    def entry_dir(self) -> str:
+        """The entry folder's name in the cache directory (the manifest's ``entry_dir``)."""
+        from .cache.layout import entry_dir_name
 
-        return base64.b32encode(bytes.fromhex(self.cache_hash)).decode().rstrip("=")
+        return entry_dir_name(self.cache_hash)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Variant":
+    def from_json(cls, data: dict[str, Any]) -> Variant:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -79,12 +81,16 @@ _hook_lock = threading.RLock()
 
 
 class Capture(FakeLaunchSink):
-    """Collects the variants of every fake launch; deduplicated by (kernel, key)."""
+    """Collects the variants of every fake launch; deduplicated by (kernel, key).
 
-    def __init__(self):
+    Launches made inside ``with cap.row(label):`` are credited to that row (``keys_of(label)``);
+    ``import_path`` names the module a worker process imports so that the kernels are defined.
+    """
+
+    def __init__(self, import_path: str = ""):
         self.variants: dict[tuple[str, str], Variant] = {}
         self.current_row: str | None = None
-        self.import_path: str = ""
+        self.import_path = import_path
         self.row_keys: dict[str, set[str]] = {}  # row label -> cache hashes it launches
         self.launches = 0
         self.foreign: dict[int, JITFunction] = {}  # kernels reached by capture: all, by identity
@@ -99,6 +105,19 @@ class Capture(FakeLaunchSink):
             return True
 
         return hook
+
+    @contextlib.contextmanager
+    def row(self, label: str):
+        """Credit the launches inside the block to the row ``label``."""
+        previous, self.current_row = self.current_row, label
+        try:
+            yield
+        finally:
+            self.current_row = previous
+
+    def keys_of(self, label: str) -> set[str]:
+        """The cache hashes the row ``label`` launched (empty: it launched nothing)."""
+        return self.row_keys.get(label, set())
 
     def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
         seen: list[dict] = []
@@ -164,9 +183,9 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
 
 
 @contextlib.contextmanager
-def capture(target: Target, all_kernels: bool = False):
+def capture(target: Target, all_kernels: bool = False, import_path: str = ""):
     """``with capture(target) as cap: launcher(fake inputs)`` → ``cap.variants``."""
-    cap = Capture()
+    cap = Capture(import_path)
     with tracing(cap, target, all_kernels):
         yield cap
 

@@ -12,25 +12,32 @@ import concurrent.futures
 import multiprocessing
 import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
+from ..errors import describe_error
 from .c_launchers import warm_c_launchers
 from .cache import (
+    CacheError,
     Manifest,
+    ManifestDamaged,
     cache_env,
+    disk_full,
     ensure_writable,
-    entry_dir,
     entry_files,
+    entry_path,
     file_sha256,
     files_match_record,
+    remove_stale_temporaries,
     triton_version,
     variant_lock,
 )
-from .cache.sources import PlanSources
 from .cache.env import current_fingerprint, fingerprint_id
+from .cache.layout import UnreadableEntry
+from .cache.sources import PlanSources
 from .compile import compile_variant
 from .plan import Plan
 from .resources import resource_usage
@@ -47,7 +54,9 @@ class WarmResult:
     cached: int = 0
     failed: int = 0
     repaired: int = 0  # entries found corrupt and recompiled
+    verified: int = 0  # entries no manifest recorded, kept after a fresh compile gave the same bytes
     seconds: float = 0.0
+    manifest_set_aside: str | None = None  # a damaged manifest, moved aside and rebuilt
     failures: list[str] = field(default_factory=list)
     c_launchers: dict | None = None  # Triton's C launchers built for the warmed variants (c_launchers.py)
 
@@ -61,17 +70,27 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     target = the_plan.target
     start = time.perf_counter()
     ensure_writable(cache_dir)
+    remove_stale_temporaries(cache_dir)  # what a previous run that hit a full disk left behind
     result = WarmResult(target.name, str(cache_dir), planned=len(the_plan.variants))
     manifest = Manifest(cache_dir, target.name)
-    recorded = manifest.read()
+    try:
+        recorded = manifest.read()
+    except ManifestDamaged:  # rebuilt from the entries that verify: none of its records is trusted
+        aside = manifest.set_aside_damaged()
+        result.manifest_set_aside = str(aside) if aside else None
+        recorded = manifest.read()
     version, env = triton_version(), cache_env()
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environments = {fingerprint_id(fingerprint): fingerprint}
     variants, warmed = list(the_plan.variants.values()), []
     for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only):
+        if disk_full(outcome):  # every further compile would fail the same way: stop at the first
+            where = getattr(outcome, "filename", None) or cache_dir
+            raise CacheError(f"disk full: no space left on device writing {where}; free space and warm again "
+                             "(the next warm-up removes what this one left)")
         if isinstance(outcome, BaseException):
             result.failed += 1
-            result.failures.append(f"{variant.kernel} {variant.variant_id}: {type(outcome).__name__}: {outcome}")
+            result.failures.append(f"{variant.kernel} {variant.variant_id}: {describe_error(outcome)}")
             if progress:
                 progress(variant, "failed")
             continue
@@ -79,7 +98,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         warmed.append(variant)
         result.compiled += status in ("compiled", "repaired")
         result.repaired += status == "repaired"
-        result.cached += status == "cached"
+        result.cached += status in ("cached", "verified")
+        result.verified += status == "verified"
         if details is not None:
             entry = _manifest_entry(variant, details, version, env)
             entry["environment"] = fingerprint_id(fingerprint)
@@ -105,8 +125,12 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
     todo = []
     for variant in variants:
         previous = recorded.get(variant.cache_hash)
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
-        if files and files_match_record(files, previous):
+        try:
+            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+        except UnreadableEntry as e:
+            yield variant, e
+            continue
+        if files and previous is not None and files_match_record(files, previous):
             fresh = previous is None or not set(variant.rows) <= set(previous.get("rows", []))
             yield variant, ("cached", _details(target, files, None) if fresh else None)
         else:
@@ -119,7 +143,8 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
                 yield variant, e
         return
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context) as pool:
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context)
+    try:
         futures = {
             pool.submit(_warm_one_in_worker, v.to_json(), target.name, str(cache_dir), recorded.get(v.cache_hash),
                         binary_only): v
@@ -130,6 +155,8 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
                 yield futures[future], future.result()
             except Exception as e:
                 yield futures[future], e
+    finally:  # the caller stopped early (a full disk): compile nothing more
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
@@ -142,22 +169,50 @@ def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, re
 def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict | None, binary_only: bool = False):
     """Compile one variant unless the cache has it intact: ``(status, details)``."""
     with variant_lock(cache_dir, variant.cache_hash):
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
-        if files and files_match_record(files, recorded):  # another process compiled it meanwhile
-            return "cached", _details(target, files, None)
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+        if files and recorded is None:  # recorded meanwhile by another warm-up?
+            recorded = _current_record(cache_dir, target, variant.cache_hash)
+        if files and recorded is not None and files_match_record(files, recorded):
+            return "cached", _details(target, files, None)  # another process compiled it meanwhile
+        if files and recorded is None and _same_as_fresh_compile(variant, target, cache_dir, files, binary_only):
+            return "verified", _details(target, files, None)
         corrupt = files is not None
         if corrupt:  # never let Triton load a damaged binary: remove the entry, then rebuild it
-            shutil.rmtree(entry_dir(cache_dir, variant.cache_dir_name), ignore_errors=True)
+            shutil.rmtree(entry_path(cache_dir, variant.entry_dir), ignore_errors=True)
         t0 = time.perf_counter()
         compiled = compile_variant(variant, target, cache_dir, binary_only=binary_only)
         seconds = round(time.perf_counter() - t0, 4)
         if compiled.hash != variant.cache_hash:
             raise RuntimeError(f"Triton compiled {compiled.hash[:12]}, planned {variant.variant_id}: "
                                "the environment changed between trace and compile")
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
         if files is None:
             raise RuntimeError(f"Triton wrote no complete cache entry under {cache_dir}")
         return ("repaired" if corrupt else "compiled"), _details(target, files, seconds)
+
+
+def _current_record(cache_dir: Path, target: Target, cache_hash: str) -> dict | None:
+    try:
+        return Manifest(cache_dir, target.name).read().get(cache_hash)
+    except CacheError:
+        return None
+
+
+def _same_as_fresh_compile(variant: Variant, target: Target, cache_dir: Path, files: dict[str, str],
+                           binary_only: bool) -> bool:
+    """An entry no manifest records (a lost or damaged manifest) is trusted only if compiling the same
+    request afresh, into a scratch folder, gives the same bytes (Triton's compile is deterministic)."""
+    scratch = Path(tempfile.mkdtemp(prefix="verify-", dir=Path(cache_dir) / "tritonwarm"))
+    try:
+        compile_variant(variant, target, scratch, binary_only=binary_only)
+        fresh = entry_files(scratch, variant.entry_dir, variant.entry_name) or {}
+        named = {Path(p).name: p for p in files.values()}
+        fresh_named = {Path(p).name: p for p in fresh.values()}
+        if set(named) != set(fresh_named):
+            return False
+        return all(file_sha256(named[n]) == file_sha256(fresh_named[n]) for n in named)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _details(target: Target, files: dict[str, str], seconds: float | None) -> dict:
@@ -171,5 +226,5 @@ def _details(target: Target, files: dict[str, str], seconds: float | None) -> di
 
 def _manifest_entry(variant: Variant, details: dict, version: str, env: dict) -> dict:
     entry = variant.to_json()
-    entry.update(details, triton_version=version, env=env, entry_dir=variant.cache_dir_name)
+    entry.update(details, triton_version=version, env=env, entry_dir=variant.entry_dir)
     return entry

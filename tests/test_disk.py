@@ -11,6 +11,7 @@ from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.records import write_record
 from tritonwarm.jit.warmup import warm
 
 SPEC = """
@@ -71,7 +72,9 @@ def test_prune_what_a_dispatch_record_never_used(warmed, tmp_path):
     entries = Manifest(cache, "sm90").read()
     kept = next(iter(entries))
     record = tmp_path / "record.jsonl"
-    record.write_text(json.dumps({"cache_hash": kept, "hit": True}) + "\n")
+    e = entries[kept]
+    write_record(record, [{"kernel": e["kernel"], "target": "sm90", "variant": e["id"], "cache_hash": kept,
+                           "hit": True, "args": e["args"], "launches": 1}])
     done = json.loads(tritonwarm("prune", "--unused", record, "--cache-dir", cache, "--json").stdout)
     assert len(done["removed"]) == 1 and list(Manifest(cache, "sm90").read()) == [kept]
     record.write_text("not json\n")

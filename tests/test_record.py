@@ -45,7 +45,7 @@ def test_record_dry_run_replayed_for_another_target_covers_every_launch(tmp_path
         serve_prog.main(["--device", "meta"])
     assert cap.variants
     for variant in cap.variants.values():
-        assert entry_files(tmp_path / "cache", variant.cache_dir_name, variant.entry_name), variant.args
+        assert entry_files(tmp_path / "cache", variant.entry_dir, variant.entry_name), variant.args
     assert {v.cache_hash for v in cap.variants.values()} == set(the_plan.variants)
 
 

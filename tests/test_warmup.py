@@ -45,7 +45,7 @@ def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_f
     result = warm(the_plan, cache_dir)
     assert (result.planned, result.compiled, result.failed) == (2, 2, 0)
     for variant in the_plan.variants.values():
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
         binary = [p for n, p in files.items() if n.endswith("." + target.binary_ext)]
         assert binary and os.path.getsize(binary[0]) > 1000
 
@@ -85,7 +85,7 @@ def test_stale_and_corrupt_entries_are_reported_and_repaired(tmp_path, spec_file
     the_plan = plan(specs, target)
     warm(the_plan, cache_dir)
     variant = next(iter(the_plan.variants.values()))
-    cubin = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)[f"{variant.entry_name}.cubin"]
+    cubin = entry_files(cache_dir, variant.entry_dir, variant.entry_name)[f"{variant.entry_name}.cubin"]
     with open(cubin, "r+b") as f:  # flip bytes in the middle of the binary
         f.seek(200)
         f.write(b"\xde\xad\xbe\xef")
@@ -108,7 +108,7 @@ def test_killed_midway_entry_reads_as_missing_and_is_rebuilt(tmp_path, spec_file
     warm(plan(specs, target), cache_dir)
     variant = next(iter(plan(specs, target).variants.values()))
     # what a kill between Triton's file writes leaves: files without their group
-    group = cache_dir / variant.cache_dir_name / f"__grp__{variant.entry_name}.json"
+    group = cache_dir / variant.entry_dir / f"__grp__{variant.entry_name}.json"
     group.unlink()
     assert [m["id"] for m in check(plan(specs, target), cache_dir).missing] == [variant.variant_id]
     again = warm(plan(specs, target), cache_dir)
@@ -174,8 +174,8 @@ def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
     parallel = warm(plan(specs, target), tmp_path / "parallel", jobs=2)
     assert serial.compiled == parallel.compiled == 2 and parallel.failed == 0
     for variant in plan(specs, target).variants.values():
-        a = entry_files(tmp_path / "serial", variant.cache_dir_name, variant.entry_name)
-        b = entry_files(tmp_path / "parallel", variant.cache_dir_name, variant.entry_name)
+        a = entry_files(tmp_path / "serial", variant.entry_dir, variant.entry_name)
+        b = entry_files(tmp_path / "parallel", variant.entry_dir, variant.entry_name)
         assert a.keys() == b.keys()
         for name in a:  # the group file lists absolute paths; everything Triton compiled is identical
             if not name.startswith("__grp__"):

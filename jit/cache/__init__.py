@@ -10,17 +10,24 @@
 from .env import cache_env, triton_version
 from .layout import (
     CacheError,
+    UnreadableEntry,
+    check_cache_dir,
+    disk_full,
     ensure_writable,
-    entry_dir,
+    entry_dir_name,
     entry_files,
+    entry_path,
     file_sha256,
+    remove_stale_temporaries,
     resolve_cache_dir,
     variant_lock,
 )
-from .manifest import MANIFEST_FORMAT, Manifest, files_match_record, manifests
+from .manifest import MANIFEST_FORMAT, Manifest, ManifestDamaged, files_match_record, manifests
 from .plans import PlanStore, code_fingerprint
 
 __all__ = [
-    "CacheError", "MANIFEST_FORMAT", "Manifest", "PlanStore", "cache_env", "code_fingerprint", "ensure_writable",
-    "entry_dir", "entry_files", "file_sha256", "files_match_record", "manifests", "resolve_cache_dir", "triton_version", "variant_lock",
+    "CacheError", "MANIFEST_FORMAT", "Manifest", "ManifestDamaged", "PlanStore", "UnreadableEntry", "cache_env",
+    "check_cache_dir", "code_fingerprint", "disk_full", "ensure_writable", "entry_dir_name", "entry_files",
+    "entry_path", "file_sha256", "files_match_record", "manifests", "remove_stale_temporaries", "resolve_cache_dir",
+    "triton_version", "variant_lock",
 ]

@@ -96,11 +96,11 @@ def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_
         for variant in sorted(variants, key=lambda v: v.cache_hash):
             what = f"{target} {variant.variant_id} ({variant.kernel.rsplit('.', 1)[-1]})"
             row = recorded.get(variant.cache_hash)
-            files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
             if files is None or row is None:
                 raise BundleError(f"{what}: not warmed in {cache_dir}; run tritonwarm warmup with the same "
                                   "specs, targets and options first")
-            if not files_match_record(files, row) or not _inside(files, cache_dir / variant.cache_dir_name):
+            if not files_match_record(files, row) or not _inside(files, cache_dir / variant.entry_dir):
                 raise BundleError(f"{what}: the cache entry is damaged or not this folder's own; warm again")
             keep = _kept_files(row, binary_only)
             rows[variant.cache_hash] = {**row, "files": {name: row["files"][name] for name in keep}}

@@ -7,12 +7,16 @@ live beside them under ``<dir>/tritonwarm/``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,60 @@ LOCK_TIMEOUT_S = 600
 
 class CacheError(RuntimeError):
     pass
+
+
+class UnreadableEntry(CacheError):
+    """An entry folder that exists but cannot be read: neither missing nor servable."""
+
+
+def check_cache_dir(cache_dir: Path, *, for_writing: bool) -> None:
+    """Say what is wrong with the cache directory's path, in one line, before anything uses it."""
+    path = Path(cache_dir)
+    if path.exists() and not path.is_dir():
+        raise CacheError(f"cache directory {path} is a file, not a directory")
+    if path.exists() or not for_writing:
+        if not path.exists():
+            raise CacheError(f"cache directory {path} does not exist: nothing was warmed there")
+        return
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CacheError(f"cannot create cache directory {path}: {parent} is a file, not a directory")
+
+
+def disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC
+
+
+def remove_stale_temporaries(cache_dir: Path, min_age_s: float = 60.0) -> int:
+    """Remove the ``<entry>/tmp.pid_<pid>_<id>`` folders Triton leaves when a write fails (a full disk).
+
+    Triton writes each file into such a folder and renames it into place, so one lives for a moment;
+    a folder whose process is gone from this machine and that is older than ``min_age_s`` is left over.
+    """
+    removed = 0
+    now = time.time()
+    for folder in Path(cache_dir).glob("*/tmp.pid_*"):
+        try:
+            pid = int(folder.name[len("tmp.pid_"):].split("_", 1)[0])
+            if now - folder.stat().st_mtime < min_age_s or _running(pid):
+                continue
+        except (ValueError, OSError):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += not folder.exists()
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def resolve_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -43,6 +101,7 @@ def ensure_writable(cache_dir: Path) -> None:
 
     Serving from such a cache works: Triton only reads it.
     """
+    check_cache_dir(cache_dir, for_writing=True)
     folder = Path(cache_dir) / "tritonwarm"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -53,20 +112,30 @@ def ensure_writable(cache_dir: Path) -> None:
         raise CacheError(f"cannot warm into {cache_dir}: {e.strerror or e} (serving from it still works)") from None
 
 
-def entry_dir(cache_dir: Path, cache_dir_name: str) -> Path:
-    return Path(cache_dir) / cache_dir_name
+def entry_dir_name(cache_hash: str) -> str:
+    """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
+    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
-def entry_files(cache_dir: Path, cache_dir_name: str, kernel_name: str) -> dict[str, str] | None:
+def entry_path(cache_dir: Path, entry_dir: str) -> Path:
+    return Path(cache_dir) / entry_dir
+
+
+def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str) -> dict[str, str] | None:
     """The files of a complete Triton entry (its ``__grp__`` group), or None: the runtime's view.
 
-    Mirrors ``FileCacheManager.get_group``: a missing or unreadable group file, or a group naming a
-    file that does not exist, reads as a miss.
+    Mirrors ``FileCacheManager.get_group``: a missing or damaged group file, or a group naming a
+    file that does not exist, reads as a miss. A folder that exists but cannot be read raises
+    ``UnreadableEntry`` naming it: that is a permission or disk problem, not a missing variant.
     """
-    group = entry_dir(cache_dir, cache_dir_name) / f"__grp__{kernel_name[:150]}.json"
+    group = entry_path(cache_dir, entry_dir) / f"__grp__{kernel_name[:150]}.json"
     try:
         children = json.loads(group.read_text())["child_paths"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise UnreadableEntry(f"entry {group.parent} is unreadable: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError):
         return None
     if not isinstance(children, dict) or not all(os.path.exists(p) for p in children.values()):
         return None

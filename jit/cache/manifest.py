@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from .layout import LOCK_TIMEOUT_S, CacheError, file_sha256, write_json_atomic
+from .layout import LOCK_TIMEOUT_S, CacheError, disk_full, entry_dir_name, file_sha256, write_json_atomic
 
 MANIFEST_FORMAT = 1
+
+
+class ManifestDamaged(CacheError):
+    """The manifest exists but is not one: ``check`` reports it, ``warmup`` rebuilds it."""
 
 
 class Manifest:
@@ -32,14 +37,36 @@ class Manifest:
 
     def read(self) -> dict[str, dict[str, Any]]:
         try:
-            data = json.loads(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as e:
-            raise CacheError(f"{self.path}: unreadable manifest ({e}); remove it and warm again") from None
-        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-            raise CacheError(f"{self.path}: not a tritonwarm manifest of format {MANIFEST_FORMAT}")
-        return data.get("variants", {})
+        except OSError as e:
+            raise CacheError(f"{self.path}: unreadable manifest: {e.strerror or e}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            why = "empty" if not text.strip() else f"not JSON ({e})"
+            raise ManifestDamaged(f"{self.path}: damaged manifest: {why}; `tritonwarm warmup` rebuilds it") from None
+        variants = data.get("variants") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(variants, dict):
+            raise ManifestDamaged(f"{self.path}: damaged manifest: not a tritonwarm manifest of format "
+                                  f"{MANIFEST_FORMAT}; `tritonwarm warmup` rebuilds it")
+        for cache_hash, entry in variants.items():
+            if isinstance(entry, dict):  # manifests written before entry_dir was recorded
+                entry.setdefault("entry_dir", entry_dir_name(cache_hash))
+        return variants
+
+    def set_aside_damaged(self) -> Path | None:
+        """Under the lock, move a damaged manifest to ``<name>.damaged`` (kept for inspection) so that
+        it can be rebuilt; a manifest another writer repaired meanwhile is left alone."""
+        with self._locked():
+            try:
+                self.read()
+                return None
+            except ManifestDamaged:
+                aside = self.path.with_name(self.path.name + ".damaged")
+                os.replace(self.path, aside)
+                return aside
 
     def environments(self) -> dict[str, dict[str, Any]]:
         """Fingerprint id → the environment (``env.fingerprint()``) entries were warmed under."""
@@ -80,7 +107,12 @@ class Manifest:
             named = {entry.get("environment") for entry in variants.values()}
             payload = {"format": MANIFEST_FORMAT, "target": self.target, "variants": variants,
                        "environments": {k: v for k, v in sorted(known.items()) if k in named}}
-            write_json_atomic(self.path, payload, indent=1, durable=True)
+            try:
+                write_json_atomic(self.path, payload, indent=1, durable=True)
+            except OSError as e:
+                if disk_full(e):
+                    raise CacheError(f"disk full: cannot write {self.path}: no space left on device") from None
+                raise CacheError(f"cannot write {self.path}: {e.strerror or e}") from None
 
 
 def manifests(cache_dir: Path) -> dict[str, Manifest]:

@@ -6,7 +6,6 @@ records, each under the variant's lock, so a concurrent warm-up never sees half 
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections import defaultdict
 from pathlib import Path
@@ -96,12 +95,6 @@ def remove(cache_dir: Path, doomed: list[dict]) -> None:
 
 def used_hashes(record_path: Path) -> set[str]:
     """Cache hashes a dispatch record (``engine run --record``) launched."""
-    used = set()
-    with open(record_path) as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    used.add(json.loads(line)["cache_hash"])
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(f"{record_path}:{number}: not a dispatch record line") from None
-    return used
+    from ..records import read_record
+
+    return {line["cache_hash"] for line in read_record(record_path)}

@@ -403,16 +403,16 @@ def push(variants: Iterable, cache_dir: Path, store: RedisStore, target: str) ->
     variants = list(variants)
     report = RemoteReport(store.url, target, planned=len(variants))
     for variant in variants:
-        files = entry_files(cache_dir, variant.cache_dir_name, variant.entry_name)
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
         if files is None:
             report.not_local.append(variant.variant_id)
             continue
         data = {name: Path(path).read_bytes() for name, path in sorted(files.items())}
-        state, stored = store.entry_state(variant.cache_dir_name, _group_name(variant))
+        state, stored = store.entry_state(variant.entry_dir, _group_name(variant))
         if state == "ok" and {n: sha256(b) for n, b in stored.items()} == {n: sha256(b) for n, b in data.items()}:
             report.present.append(variant.variant_id)
             continue
-        store.write_entry(variant.cache_dir_name, _group_name(variant), data)
+        store.write_entry(variant.entry_dir, _group_name(variant), data)
         report.pushed.append(variant.variant_id)
     return report
 
@@ -422,7 +422,7 @@ def check_remote(variants: Iterable, store: RedisStore, target: str) -> RemoteRe
     variants = list(variants)
     report = RemoteReport(store.url, target, planned=len(variants))
     for variant in variants:
-        state, _ = store.entry_state(variant.cache_dir_name, _group_name(variant))
+        state, _ = store.entry_state(variant.entry_dir, _group_name(variant))
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args}
         if state == "ok":
             report.present.append(variant.variant_id)
