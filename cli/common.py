@@ -49,14 +49,29 @@ def prepare(args):
 
 def plan_with_engine(args, specs, target, **kwargs):
     """The specs' plan, plus the engine config's when one is given."""
-    from ..jit.plan import plan
+    return plan_all(args, specs, [target], **kwargs)[target.name]
 
-    the_plan = plan(specs, target, **kwargs)
+
+def plan_all(args, specs, targets, pool=None, **kwargs):
+    """Each target's plan: the specs', plus the engine config's when one is given; traced in
+    ``pool``'s workers when one is given (the engine's traces start first: they are the longest)."""
+    from ..jit.plan import Plan, plan_targets
+
+    engine_parts = {}
     if args.engine_config:
-        from ..engine.plan import engine_plan
+        from ..engine.plan import engine_plan, engine_plan_json
 
-        the_plan.merge(engine_plan(args.engine_config, target))
-    return the_plan
+        for target in targets:
+            engine_parts[target.name] = (pool.submit(engine_plan_json, str(args.engine_config), target.name)
+                                         if pool is not None else None)
+    plans = plan_targets(specs, targets, pool=pool, **kwargs)
+    for target in targets:
+        if target.name in engine_parts:
+            future = engine_parts[target.name]
+            extra = (Plan.from_json(target, future.result()) if future is not None
+                     else engine_plan(args.engine_config, target))
+            plans[target.name].merge(extra)
+    return plans
 
 
 def short_kernel(kernel: str) -> str:

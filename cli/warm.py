@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from .bundle import add_shard_args, shard_of, sharded
@@ -12,6 +13,7 @@ from .common import (
     UsageError,
     add_spec_args,
     format_args,
+    plan_all,
     plan_with_engine,
     prepare,
     progress_bar,
@@ -56,6 +58,7 @@ def cmd_warmup(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     from ..jit.cache import check_cache_dir
+    from ..jit.pool import worker_pool
     from ..jit.warmup import warm
 
     shard = shard_of(args)
@@ -63,28 +66,34 @@ def cmd_warmup(args) -> int:
     check_cache_dir(cache_dir, for_writing=True)
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     results, problems, pushes = [], [], []
-    for target in targets:
-        the_plan = sharded(shard, plan_with_engine(args, specs, target, verify_collapse=not args.no_verify_collapse,
-                                                  cache_dir=None if args.replan else cache_dir))
-        problems += the_plan.errors + the_plan.collapse_errors
-        with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
-            result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick)
-        results.append(result)
-        problems += result.failures + _store_pinned_winners(specs, target, cache_dir)
-        if result.manifest_set_aside:
-            print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt from "
-                  f"the entries that verify", file=sys.stderr)
-        if not args.json:
-            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
-                  f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
-                  f"in {result.seconds:.1f} s")
-            if result.c_launchers:
-                print(f"{target.name}: {result.c_launchers['summary']}")
-        if store is not None:
-            pushes.append(_push(args, the_plan, cache_dir, store))
-            problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
+    with worker_pool(args.jobs, targets) as pool:  # tracing and compiling share the workers
+        started = time.perf_counter()
+        plans = plan_all(args, specs, targets, pool, verify_collapse=not args.no_verify_collapse,
+                         cache_dir=None if args.replan else cache_dir)
+        trace_seconds = round(time.perf_counter() - started, 3)
+        for target in targets:
+            the_plan = sharded(shard, plans[target.name])
+            problems += the_plan.errors + the_plan.collapse_errors
+            with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
+                result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick,
+                              pool=pool)
+            results.append(result)
+            problems += result.failures + _store_pinned_winners(specs, target, cache_dir)
+            if result.manifest_set_aside:
+                print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
+                      "from the entries that verify", file=sys.stderr)
+            if not args.json:
+                print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
+                      f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
+                      f"in {result.seconds:.1f} s")
+                if result.c_launchers:
+                    print(f"{target.name}: {result.c_launchers['summary']}")
+            if store is not None:
+                pushes.append(_push(args, the_plan, cache_dir, store))
+                problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
     totals["seconds"] = round(sum(r.seconds for r in results), 3)
+    totals["trace_seconds"] = trace_seconds
     if args.json:
         print(json.dumps({**totals, "cache_dir": str(cache_dir), "targets": [r.to_json() for r in results],
                           "pushed": [p.to_json() for p in pushes], "problems": problems}, indent=1))
@@ -116,7 +125,7 @@ def cmd_check(args) -> int:
     from ..jit.winners import probe_winners
 
     specs, targets, cache_dir = prepare(args)
-    check_cache_dir(cache_dir, for_writing=False)
+    note = check_cache_dir(cache_dir, for_writing=False)
     reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
     for report, target in zip(reports, targets, strict=True):
         report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
@@ -124,7 +133,7 @@ def cmd_check(args) -> int:
         print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
-        print(f"cache: {cache_dir}")
+        print(f"cache: {cache_dir}" + (f" ({note})" if note else ""))
         for r in reports:
             status = "ok" if r.ok else "PROBLEMS"
             unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
@@ -168,7 +177,7 @@ def _check_trace(args) -> int:
 
     target = resolve_target(args.target).name if args.target else None
     cache_dir = resolve_cache_dir(args.cache_dir)
-    check_cache_dir(cache_dir, for_writing=False)
+    check_cache_dir(cache_dir, for_writing=False)  # a missing one: every launch reads as a miss
     report = check_trace(Path(args.trace), cache_dir, target)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))

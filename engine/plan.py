@@ -43,6 +43,11 @@ def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan
     return plan
 
 
+def engine_plan_json(config: str, target_name: str) -> dict:
+    """``engine_plan`` for a worker process (``jit.pool.worker_pool``): arguments and result as data."""
+    return engine_plan(config, target_name).to_json()
+
+
 def representative_steps(config: EngineConfig):
     """``(label, ScheduledBatch)`` for each class pair of (tokens in the step, requests in it).
 

@@ -8,6 +8,7 @@ variants (vLLM #53567). Nothing here compiles or writes the cache, except the pl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,27 +58,62 @@ class Plan:
 
 
 def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
-         cache_dir: Path | None = None) -> Plan:
+         cache_dir: Path | None = None, pool: Executor | None = None) -> Plan:
     """Trace every row of every spec that applies to ``target``; nothing is compiled.
 
     With ``cache_dir``, a spec whose inputs did not change (its file, tritonwarm's code, its
     launcher's module, the source of every kernel it traced, Triton's version and cache-invalidating
-    environment, the target) is not traced again: its plan is read back from the plan store.
+    environment, the target) is not traced again: its plan is read back from the plan store. With
+    ``pool`` (``jit.pool.worker_pool``), the specs are traced in its worker processes.
     """
+    return plan_targets(specs, [target], verify_collapse=verify_collapse, cache_dir=cache_dir, pool=pool)[target.name]
+
+
+def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_collapse: bool = True,
+                 cache_dir: Path | None = None, pool: Executor | None = None) -> dict[str, Plan]:
+    """``plan`` for several targets at once: every (spec, target) not in the plan store is traced,
+    in ``pool`` when given, and each target's plan merges its specs in their order."""
+    specs, targets = list(specs), list(targets)
     store = PlanStore(cache_dir) if cache_dir is not None else None
-    result = Plan(target)
-    for spec in specs:
-        if not spec.applies_to(target):
-            continue
-        result.sources["specs"] = sorted(set(result.sources["specs"]) | {str(Path(spec.file).resolve())})
-        key = store.key(spec, target, verify_collapse) if store else None
-        partial = _stored_plan(store, key, target) if store else None
-        if partial is None:
-            partial = _plan_spec(spec, target, verify_collapse)
-            if store:
-                store.save(key, partial.to_json(), kernel_source_keys(partial))
-        result.merge(partial)
-    return result
+    parts: dict[tuple[str, int], tuple[Plan | Future, str | None]] = {}
+    sources: dict[str, set[str]] = {target.name: set() for target in targets}
+    for target in targets:
+        for i, spec in enumerate(specs):
+            if not spec.applies_to(target):
+                continue
+            key = store.key(spec, target, verify_collapse) if store else None
+            sources[target.name].add(str(Path(spec.file).resolve()))
+            partial = _stored_plan(store, key, target) if store else None
+            if partial is None and pool is not None:
+                partial = pool.submit(_plan_spec_in_worker, str(spec.file), spec.index, target.name, verify_collapse)
+            elif partial is None:
+                partial = _plan_spec(spec, target, verify_collapse)
+                if store:
+                    store.save(key, partial.to_json(), kernel_source_keys(partial))
+                key = None  # saved
+            parts[(target.name, i)] = (partial, key)
+    plans = {}
+    for target in targets:
+        result = Plan(target)
+        result.sources["specs"] = sorted(sources[target.name])
+        for i in range(len(specs)):
+            partial, key = parts.get((target.name, i), (None, None))
+            if isinstance(partial, Future):
+                partial = Plan.from_json(target, partial.result())
+                if store:
+                    store.save(key, partial.to_json(), kernel_source_keys(partial))
+            if partial is not None:
+                result.merge(partial)
+        plans[target.name] = result
+    return plans
+
+
+def _plan_spec_in_worker(file: str, index: int, target_name: str, verify_collapse: bool) -> dict:
+    from .specs import load_spec_file
+    from .targets import TARGETS
+
+    spec = load_spec_file(file)[index]
+    return _plan_spec(spec, TARGETS[target_name], verify_collapse).to_json()
 
 
 def _stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:

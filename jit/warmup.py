@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from .cache.layout import UnreadableEntry
 from .cache.sources import PlanSources
 from .compile import compile_variant
 from .plan import Plan
+from .pool import prime_key_material
 from .resources import resource_usage
 from .targets import Target
 from .trace import Variant
@@ -65,8 +67,9 @@ class WarmResult:
 
 
 def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = False,
-         progress: Callable[[Variant, str], None] | None = None) -> WarmResult:
-    """Compile every planned variant the cache lacks (``jobs`` processes); record all in the manifest."""
+         progress: Callable[[Variant, str], None] | None = None, pool: Executor | None = None) -> WarmResult:
+    """Compile every planned variant the cache lacks (``jobs`` processes, or the workers of ``pool``,
+    a ``jit.pool.worker_pool`` shared with tracing); record all in the manifest."""
     target = the_plan.target
     start = time.perf_counter()
     ensure_writable(cache_dir)
@@ -83,7 +86,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environments = {fingerprint_id(fingerprint): fingerprint}
     variants, warmed = list(the_plan.variants.values()), []
-    for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only):
+    for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool):
         if disk_full(outcome):  # every further compile would fail the same way: stop at the first
             where = getattr(outcome, "filename", None) or cache_dir
             raise CacheError(f"disk full: no space left on device writing {where}; free space and warm again "
@@ -116,7 +119,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
 
 
 def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int,
-              binary_only: bool):
+              binary_only: bool, shared_pool: Executor | None = None):
     """Yield ``(variant, (status, details) | exception)``; compiles in a process pool when jobs > 1.
 
     What is already cached and intact is decided here, without a lock or a worker; only the rest
@@ -135,15 +138,20 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
             yield variant, ("cached", _details(target, files, None) if fresh else None)
         else:
             todo.append(variant)
-    if jobs <= 1 or len(todo) <= 1:
+    if (jobs <= 1 and shared_pool is None) or len(todo) <= 1:
         for variant in todo:
             try:
                 yield variant, _warm_one(variant, target, cache_dir, recorded.get(variant.cache_hash), binary_only)
             except Exception as e:
                 yield variant, e
         return
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context)
+    if shared_pool is not None:
+        pool = shared_pool
+    else:
+        prime_key_material([target])  # computed once here, inherited by every forked worker
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=context)
+    futures = {}
     try:
         futures = {
             pool.submit(_warm_one_in_worker, v.to_json(), target.name, str(cache_dir), recorded.get(v.cache_hash),
@@ -156,7 +164,10 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
             except Exception as e:
                 yield futures[future], e
     finally:  # the caller stopped early (a full disk): compile nothing more
-        pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures:
+            future.cancel()
+        if pool is not shared_pool:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
