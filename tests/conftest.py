@@ -1,7 +1,10 @@
 """Shared fixtures. Every test process gets its own Triton and tritonwarm cache directories, so
 tests never touch the user's caches; CPU tensors run in Triton's interpreter automatically."""
 
+import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -66,7 +69,6 @@ def rms_norm_runtime():
     target (under the target-only driver), with fresh in-memory caches, reading ``cache_dir``."""
     import torch
     from triton import knobs
-
     from tritonwarm.jit import fake_tensor
     from tritonwarm.jit.compile import triton_cache_dir
     from tritonwarm.jit.targets import target_driver
@@ -100,3 +102,32 @@ def served_from_bundle():
         return listed and dataclasses.replace(report, missing_c_launchers=[], c_launcher_fix=None).ok
 
     return served
+
+
+@pytest.fixture
+def run_cli():
+    """``run_cli(*args, rc=None)``: ``python -m tritonwarm ARGS`` in a fresh process, as a user runs it;
+    with ``rc``, the exit code is checked (the output is shown when it differs)."""
+
+    def run(*args, rc=None, env=None):
+        proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
+                              timeout=600, env=env)
+        if rc is not None:
+            assert proc.returncode == rc, proc.stdout + proc.stderr
+        return proc
+
+    return run
+
+
+@pytest.fixture
+def engine_cli():
+    """``engine_cli(argv)``: the ``engine`` command group in this process; exceptions propagate."""
+    from tritonwarm.engine.cli import add_engine_parser
+
+    def run(argv):
+        parser = argparse.ArgumentParser(prog="tritonwarm")
+        add_engine_parser(parser.add_subparsers())
+        args = parser.parse_args(argv)
+        return args.func(args)
+
+    return run

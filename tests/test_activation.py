@@ -71,6 +71,7 @@ def test_custom_op():
     torch.library.opcheck(torch.ops.tritonwarm.silu_and_mul.default, (x,))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
     [(variant, _)] = compile_call(target, silu_and_mul, fake_tensor((8, 2 * 14336), torch.bfloat16))

@@ -10,7 +10,6 @@ import time
 import tracemalloc
 
 import pytest
-
 from tritonwarm.cli import main
 
 RMS = "kernel: tritonwarm.launchers.rms_norm:rms_norm\n"
@@ -202,13 +201,12 @@ def test_a_cache_dir_that_is_a_file_or_missing_says_what_is_wrong(tmp_path, caps
     line = one_error(capsys, command, path, "--target", "sm90", "--cache-dir", a_file)
     assert f"cache directory {a_file} is a file, not a directory" in line, line
     line = one_error(capsys, command, path, "--target", "sm90", "--cache-dir", a_file / "below")
-    if command == "warmup":
-        assert f"cannot create cache directory {a_file / 'below'}: {a_file} is a file" in line, line
-    else:
-        assert f"cache directory {a_file / 'below'} does not exist" in line, line
-    if command == "check":
-        line = one_error(capsys, command, path, "--target", "sm90", "--cache-dir", tmp_path / "nowhere")
-        assert f"cache directory {tmp_path / 'nowhere'} does not exist: nothing was warmed there" in line, line
+    verb = "create" if command == "warmup" else "read"
+    assert f"cannot {verb} cache directory {a_file / 'below'}: {a_file} is a file, not a directory" in line, line
+    if command == "check":  # not warmed yet: everything is missing, and the path is named as such
+        rc, out, _ = run(capsys, command, path, "--target", "sm90", "--cache-dir", tmp_path / "nowhere")
+        assert rc == 1 and f"cache: {tmp_path / 'nowhere'} (does not exist: nothing was warmed there)" in out, out
+        assert "1 missing" in out, out
 
 
 def test_jobs_zero_says_so_without_a_class_name(capsys):
@@ -326,7 +324,8 @@ def test_a_damaged_manifest_fails_check_and_warmup_rebuilds_it_from_verified_ent
     assert result["manifest_set_aside"] == str(manifest) + ".damaged"
     assert (cache / "tritonwarm" / "manifest-sm90.json.damaged").read_text() == damage
     rebuilt = Manifest(cache, "sm90").read()
-    assert {k: v["files"] for k, v in rebuilt.items()} == {k: v["files"] for k, v in json.loads(good)["variants"].items()}
+    before = json.loads(good)["variants"]
+    assert {k: v["files"] for k, v in rebuilt.items()} == {k: v["files"] for k, v in before.items()}
     assert main(["check", str(path), "--target", "sm90", "--cache-dir", str(cache)]) == 0
 
 

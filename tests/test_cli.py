@@ -25,12 +25,6 @@ args:
 """
 
 
-def tritonwarm(*args, check_rc=None):
-    proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
-    if check_rc is not None:
-        assert proc.returncode == check_rc, proc.stdout + proc.stderr
-    return proc
 
 
 @pytest.fixture
@@ -57,51 +51,55 @@ BAD_SPECS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BAD_SPECS))
-def test_malformed_spec_exits_2_with_file_and_line(tmp_path, name):
+def test_malformed_spec_exits_2_with_file_and_line(run_cli, tmp_path, name):
     text, line, fragment = BAD_SPECS[name]
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
-    proc = tritonwarm("warmup", path, "--target", "sm90", "--cache-dir", tmp_path / "c", check_rc=2)
+    proc = run_cli("warmup", path, "--target", "sm90", "--cache-dir", tmp_path / "c", rc=2)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{path}:{line}:" in lines[0] and fragment in lines[0], lines[0]
     assert not (tmp_path / "c" / "tritonwarm").exists()  # nothing written before validation passed
 
 
-def test_unknown_target_and_missing_target(tmp_path, good_spec):
-    proc = tritonwarm("warmup", good_spec, "--target", "sm91", check_rc=2)
+@pytest.mark.slow
+def test_unknown_target_and_missing_target(run_cli, tmp_path, good_spec):
+    proc = run_cli("warmup", good_spec, "--target", "sm91", rc=2)
     assert "unknown target 'sm91'" in proc.stderr and "sm90" in proc.stderr
-    proc = tritonwarm("check", good_spec, check_rc=2)  # no GPU here, no --target
+    proc = run_cli("check", good_spec, rc=2)  # no GPU here, no --target
     assert "--target" in proc.stderr and "gfx942" in proc.stderr
 
 
-def test_warmup_twice_then_list_show_check(tmp_path, good_spec):
+@pytest.mark.slow
+def test_warmup_twice_then_list_show_check(run_cli, tmp_path, good_spec):
     cache = tmp_path / "cache"
-    first = json.loads(tritonwarm("warmup", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
-                                  check_rc=0).stdout)
+    first = json.loads(run_cli("warmup", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
+                               rc=0).stdout)
     assert first["planned"] == 6 and first["compiled"] == 6 and first["failed"] == 0
-    second = json.loads(tritonwarm("warmup", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
-                                   check_rc=0).stdout)
+    second = json.loads(run_cli("warmup", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
+                                rc=0).stdout)
     assert (second["compiled"], second["cached"]) == (0, 6)
-    rows = json.loads(tritonwarm("list", "--cache-dir", cache, "--json", check_rc=0).stdout)
+    rows = json.loads(run_cli("list", "--cache-dir", cache, "--json", rc=0).stdout)
     assert len(rows) == 6 and {r["target"] for r in rows} == {"sm90"}
     assert all(r["resources"]["registers"] > 0 for r in rows)
-    text = tritonwarm("list", "--cache-dir", cache, "--kernel", "rms_norm", check_rc=0).stdout
+    text = run_cli("list", "--cache-dir", cache, "--kernel", "rms_norm", rc=0).stdout
     assert "REGS" in text and "BLOCK=4096" in text
-    ptx = tritonwarm("show", rows[0]["id"][:8], "--cache-dir", cache, "--ir", "ptx", check_rc=0).stdout
+    ptx = run_cli("show", rows[0]["id"][:8], "--cache-dir", cache, "--ir", "ptx", rc=0).stdout
     assert ".target sm_90a" in ptx
-    assert tritonwarm("show", "ffffffff", "--cache-dir", cache, check_rc=2).stderr.startswith("tritonwarm: error:")
-    report = json.loads(tritonwarm("check", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
-                                   check_rc=0).stdout)
+    assert run_cli("show", "ffffffff", "--cache-dir", cache, rc=2).stderr.startswith("tritonwarm: error:")
+    report = json.loads(run_cli("check", good_spec, "--target", "sm90", "--cache-dir", cache, "--json",
+                                rc=0).stdout)
     assert report["ok"] and report["targets"][0]["planned"] == 6
-    cold = tritonwarm("check", good_spec, "--target", "sm90", "--cache-dir", tmp_path / "cold", check_rc=1)
+    cold = run_cli("check", good_spec, "--target", "sm90", "--cache-dir", tmp_path / "cold", rc=1)
     assert "6 missing" in cold.stdout
 
 
-def test_gfx942_writes_hsaco(tmp_path, good_spec):
+@pytest.mark.slow
+def test_gfx942_writes_hsaco(run_cli, tmp_path, good_spec):
     cache = tmp_path / "cache"
-    tritonwarm("warmup", good_spec, "--target", "gfx942", "--cache-dir", cache, check_rc=0)
+    run_cli("warmup", good_spec, "--target", "gfx942", "--cache-dir", cache, rc=0)
     assert len(list(cache.glob("*/*.hsaco"))) == 6
 
 
@@ -119,7 +117,8 @@ args:
 """
 
 
-def test_eight_concurrent_warmups_of_overlapping_specs(tmp_path, good_spec):
+@pytest.mark.slow
+def test_eight_concurrent_warmups_of_overlapping_specs(run_cli, tmp_path, good_spec):
     """Two specs sharing 4 of their 6 variants each, eight processes at once into one cache."""
     other = tmp_path / "overlap.yaml"
     other.write_text(OVERLAP)
@@ -140,10 +139,11 @@ def test_eight_concurrent_warmups_of_overlapping_specs(tmp_path, good_spec):
               and e["args"]["BLOCK"] in ("=2048", "=4096")]
     assert shared and all(any("good.yaml" in r for r in e["rows"]) and any("overlap.yaml" in r for r in e["rows"])
                           for e in shared)  # rows of both specs recorded, none lost to a race
-    tritonwarm("check", good_spec, other, "--target", "sm90", "--cache-dir", cache, check_rc=0)
+    run_cli("check", good_spec, other, "--target", "sm90", "--cache-dir", cache, rc=0)
 
 
-def test_sigkill_at_random_points_then_rerun_completes(tmp_path, good_spec):
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_rerun_completes(run_cli, tmp_path, good_spec):
     cache = tmp_path / "cache"
     cmd = [sys.executable, "-m", "tritonwarm", "warmup", str(good_spec), "--target", "sm90,gfx942",
            "--cache-dir", str(cache), "--jobs", "1", "--replan"]
@@ -155,10 +155,11 @@ def test_sigkill_at_random_points_then_rerun_completes(tmp_path, good_spec):
         proc.wait()
         if trial % 3 == 2:  # now and then start over, so kills land early in the work again
             shutil.rmtree(cache, ignore_errors=True)
-    tritonwarm("warmup", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, check_rc=0)
-    tritonwarm("check", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, check_rc=0)
+    run_cli("warmup", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, rc=0)
+    run_cli("check", good_spec, "--target", "sm90,gfx942", "--cache-dir", cache, rc=0)
 
 
+@pytest.mark.slow
 def test_shipped_specs_are_found_from_anywhere(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tritonwarm", "check", "--target", "sm90", "--cache-dir",
                            str(tmp_path / "c"), "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=600)
@@ -167,6 +168,7 @@ def test_shipped_specs_are_found_from_anywhere(tmp_path):
     assert report["planned"] > 0 and len(report["missing"]) == report["planned"]
 
 
+@pytest.mark.slow
 def test_interpreter_env_refuses_to_warm(tmp_path, good_spec):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-m", "tritonwarm", "warmup", str(good_spec), "--target", "sm90"],

@@ -1,17 +1,14 @@
 """Disk use and pruning, and binary-only entries that Triton's runtime still loads."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.records import write_record
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
 SPEC = """
@@ -24,11 +21,6 @@ args:
 """
 
 
-def tritonwarm(*args, rc=0):
-    proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == rc, proc.stdout + proc.stderr
-    return proc
 
 
 @pytest.fixture
@@ -40,21 +32,24 @@ def warmed(tmp_path):
     return spec, cache
 
 
-def test_du_counts_variants_and_bytes(warmed):
+@pytest.mark.slow
+def test_du_counts_variants_and_bytes(run_cli, warmed):
     _, cache = warmed
-    usage = json.loads(tritonwarm("du", "--cache-dir", cache, "--json").stdout)
+    usage = json.loads(run_cli("du", "--cache-dir", cache, "--json", rc=0).stdout)
     [row] = usage["kernels"]
     assert row["target"] == "sm90" and row["variants"] == 2 and row["bytes"] > 10_000
     assert usage["total_bytes"] >= row["bytes"]
 
 
-def test_prune_unplanned_and_other_versions(warmed, tmp_path):
+@pytest.mark.slow
+def test_prune_unplanned_and_other_versions(run_cli, warmed, tmp_path):
     spec, cache = warmed
     narrower = tmp_path / "fp16_only.yaml"
     narrower.write_text(SPEC.replace("[float16, bfloat16]", "[float16]"))
-    dry = json.loads(tritonwarm("prune", narrower, "--unplanned", "--cache-dir", cache, "--dry-run", "--json").stdout)
+    dry = json.loads(run_cli("prune", narrower, "--unplanned", "--cache-dir", cache, "--dry-run", "--json",
+                             rc=0).stdout)
     assert len(dry["removed"]) == 1 and len(Manifest(cache, "sm90").read()) == 2  # dry run removes nothing
-    done = json.loads(tritonwarm("prune", narrower, "--unplanned", "--cache-dir", cache, "--json").stdout)
+    done = json.loads(run_cli("prune", narrower, "--unplanned", "--cache-dir", cache, "--json", rc=0).stdout)
     [gone] = done["removed"]
     assert not (cache / gone["entry_dir"]).exists() and len(Manifest(cache, "sm90").read()) == 1
     assert check(plan(load_specs([narrower]), TARGETS["sm90"]), cache).ok
@@ -62,12 +57,13 @@ def test_prune_unplanned_and_other_versions(warmed, tmp_path):
     manifest = Manifest(cache, "sm90")
     [(key, entry)] = manifest.read().items()
     manifest.update({key: {**entry, "triton_version": "2.0.0"}})
-    done = json.loads(tritonwarm("prune", "--other-versions", "--cache-dir", cache, "--json").stdout)
+    done = json.loads(run_cli("prune", "--other-versions", "--cache-dir", cache, "--json", rc=0).stdout)
     assert [d["why"] for d in done["removed"]] == ["compiled by Triton 2.0.0"]
-    tritonwarm("prune", "--cache-dir", cache, rc=2)  # no criterion: bad input
+    run_cli("prune", "--cache-dir", cache, rc=2)  # no criterion: bad input
 
 
-def test_prune_what_a_dispatch_record_never_used(warmed, tmp_path):
+@pytest.mark.slow
+def test_prune_what_a_dispatch_record_never_used(run_cli, warmed, tmp_path):
     _, cache = warmed
     entries = Manifest(cache, "sm90").read()
     kept = next(iter(entries))
@@ -75,12 +71,13 @@ def test_prune_what_a_dispatch_record_never_used(warmed, tmp_path):
     e = entries[kept]
     write_record(record, [{"kernel": e["kernel"], "target": "sm90", "variant": e["id"], "cache_hash": kept,
                            "hit": True, "args": e["args"], "launches": 1}])
-    done = json.loads(tritonwarm("prune", "--unused", record, "--cache-dir", cache, "--json").stdout)
+    done = json.loads(run_cli("prune", "--unused", record, "--cache-dir", cache, "--json", rc=0).stdout)
     assert len(done["removed"]) == 1 and list(Manifest(cache, "sm90").read()) == [kept]
     record.write_text("not json\n")
-    assert "record.jsonl:1" in tritonwarm("prune", "--unused", record, "--cache-dir", cache, rc=2).stderr
+    assert "record.jsonl:1" in run_cli("prune", "--unused", record, "--cache-dir", cache, rc=2).stderr
 
 
+@pytest.mark.slow
 def test_binary_only_entries_are_smaller_and_still_hit(tmp_path, compile_counter, rms_norm_runtime):
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC.replace("[float16, bfloat16]", "[bfloat16]"))

@@ -51,6 +51,7 @@ def stub(kernel):
     return calls
 
 
+@pytest.mark.slow
 def test_fast_path_picks_tritons_kernel_for_every_library_launch(compile_cache_dir):
     launches = library_launches()
     kernels = {kernel.name for kernel, _ in launches}
@@ -72,6 +73,7 @@ def test_fast_path_picks_tritons_kernel_for_every_library_launch(compile_cache_d
     assert fast_hits == len(launches)
 
 
+@pytest.mark.slow
 def test_new_classes_go_through_triton(compile_cache_dir):
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 

@@ -1,7 +1,6 @@
 """The serving engine on the CPU: Triton (interpreter) vs reference tokens, the scheduler's
 invariants, configs, weights files, metrics and the ``engine run`` command."""
 
-import argparse
 import dataclasses
 import json
 
@@ -28,7 +27,7 @@ def test_triton_generates_the_same_tokens_as_the_reference():
     # fifth request waits for batch room (max_batch_size 4).
     lengths, arrivals, max_tokens = [5, 37, 1, 18, 9], [0, 0, 1, 3, 3], [6, 4, 5, 4, 3]
     requests = [Request(i, _prompt(i, n), m, (TINY.model.vocab_size - 1,), a)
-                for i, (n, a, m) in enumerate(zip(lengths, arrivals, max_tokens))]
+                for i, (n, a, m) in enumerate(zip(lengths, arrivals, max_tokens, strict=True))]
     reference = serve(TINY, requests, mode="reference").result
     triton = serve(TINY, requests, mode="triton")
     assert triton.result.outputs == reference.outputs
@@ -65,7 +64,8 @@ def _drive(config, requests, fake_token=lambda seq: 7):
             assert len(batch.work) <= config.max_batch_size
             sampled = {seq.request_id: fake_token(seq) for seq, n in batch.work
                        if seq.num_computed + n == len(seq.tokens)}
-            steps.append(([(seq.request_id, n) for seq, n in batch.work], sorted(s.request_id for s in scheduler.waiting)))
+            steps.append(([(seq.request_id, n) for seq, n in batch.work],
+                          sorted(s.request_id for s in scheduler.waiting)))
             scheduler.update(batch, sampled)
         _check_invariants(scheduler, allocator)
         step += 1
@@ -151,18 +151,11 @@ def test_weights_load_from_safetensors(tmp_path):
         Engine(config, "reference", "cpu", weights_path=tmp_path / "bad.safetensors")
 
 
-def _engine_cli(argv):
-    from tritonwarm.engine.cli import add_engine_parser
-
-    parser = argparse.ArgumentParser(prog="tritonwarm")
-    add_engine_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
-def test_engine_run_command_json_and_metrics(tmp_path, capsys):
+def test_engine_run_command_json_and_metrics(engine_cli, tmp_path, capsys):
     metrics = tmp_path / "metrics.prom"
-    rc = _engine_cli(["engine", "run", "--config", "tiny", "--requests", "3", "--max-tokens", "2", "--mode",
+    rc = engine_cli(["engine", "run", "--config", "tiny", "--requests", "3", "--max-tokens", "2", "--mode",
                       "reference", "--json", "--metrics", str(metrics)])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
@@ -172,6 +165,6 @@ def test_engine_run_command_json_and_metrics(tmp_path, capsys):
     assert "tritonwarm_serve_compiles_total 0.0" in text
     assert "tritonwarm_engine_generated_tokens_total 6.0" in text
     with pytest.raises(ValueError, match="go together"):
-        _engine_cli(["engine", "run", "--dry-run"])
+        engine_cli(["engine", "run", "--dry-run"])
     with pytest.raises(ValueError, match="needs --mode triton"):
-        _engine_cli(["engine", "run", "--dry-run", "--target", "sm90", "--mode", "reference", "--jit-policy", "off"])
+        engine_cli(["engine", "run", "--dry-run", "--target", "sm90", "--mode", "reference", "--jit-policy", "off"])

@@ -1,7 +1,6 @@
 """The no-compile guarantee: the engine's own warm-up plan, ``--jit-policy`` on dry runs for sm90,
 the dispatch record and ``check_trace``. Compiles for sm90 for real (no GPU needed)."""
 
-import argparse
 import dataclasses
 import json
 
@@ -45,6 +44,7 @@ def lite_cache(tmp_path_factory):
     return cache_dir, the_plan
 
 
+@pytest.mark.slow
 def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
     _, the_plan = lite_cache
     kernels = [v.kernel.rsplit(".", 1)[-1] for v in the_plan.variants.values()]
@@ -66,17 +66,10 @@ def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
     assert not amd.errors and {v.kernel.rsplit(".", 1)[-1] for v in amd.variants.values()} == ENGINE_KERNELS
 
 
-def _engine_cli(argv):
-    from tritonwarm.engine.cli import add_engine_parser
-
-    parser = argparse.ArgumentParser(prog="tritonwarm")
-    add_engine_parser(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
-def test_jit_policy_error_refuses_a_cold_cache(tmp_path, capsys):
-    rc = _engine_cli(["engine", "run", "--config", "deepseek-v2-lite", "--requests", "2", "--max-tokens", "2",
+def test_jit_policy_error_refuses_a_cold_cache(engine_cli, tmp_path, capsys):
+    rc = engine_cli(["engine", "run", "--config", "deepseek-v2-lite", "--requests", "2", "--max-tokens", "2",
                       "--dry-run", "--target", "sm90", "--jit-policy", "error", "--cache-dir", str(tmp_path)])
     assert rc == 1
     err = capsys.readouterr().err.strip()
@@ -85,6 +78,7 @@ def test_jit_policy_error_refuses_a_cold_cache(tmp_path, capsys):
     assert _entries(tmp_path) == set()  # a dry run compiles nothing
 
 
+@pytest.mark.slow
 def test_warmed_cache_serves_a_varied_dry_run_with_no_new_entry(lite_cache, tmp_path):
     cache_dir, the_plan = lite_cache
     before = _entries(cache_dir)
@@ -129,6 +123,7 @@ def _tuned_rms_norm(x, weight, eps=1e-6, residual=None):
     return (out.view(x.shape), residual) if residual is not None else out.view(x.shape)
 
 
+@pytest.mark.slow
 def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, tmp_path):
     monkeypatch.setitem(engine_ops.OPS, "triton", dataclasses.replace(engine_ops.TRITON, rms_norm=_tuned_rms_norm))
     served = ENGINES["tiny"]  # up to 4 requests and 32 tokens a step

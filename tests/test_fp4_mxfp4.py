@@ -222,6 +222,7 @@ def test_custom_ops():
     torch.library.opcheck(torch.ops.tritonwarm.mxfp4_dequantize.default, (packed, scales, torch.float16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
     x = fake_tensor((8, 4096), torch.bfloat16)

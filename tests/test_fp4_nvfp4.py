@@ -243,6 +243,7 @@ def test_custom_ops():
                        nvfp4_dequantize(packed, scales, global_scale, torch.bfloat16))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
     x = fake_tensor((8, 4096), torch.bfloat16)

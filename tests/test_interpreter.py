@@ -2,6 +2,7 @@
 fixed for the launch (bf16 tl.dot, a loaded value as a range() bound); compiling afterwards in the
 same process still works."""
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +45,7 @@ def test_bf16_dot_helper_and_loaded_range_bound():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiling_after_interpreting_in_one_process(compile_call):
     test_bf16_dot_helper_and_loaded_range_bound()
     [(variant, _)] = compile_call("sm90", dot_loop, fake_tensor((16, 32), torch.bfloat16),

@@ -165,6 +165,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.tritonwarm.kv_block_zero.default, (cache, torch.tensor([3, 1], dtype=torch.int32)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles_for_both_model_geometries(compile_call, target):
     variants = set()

@@ -115,6 +115,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.tritonwarm.mla_decode_metadata.default, (seq_lens, 16, 64, 5))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
     [(variant, _)] = compile_call(target, mla_decode_metadata, fake_tensor((37,), torch.int32), 16, 64, 132)

@@ -127,6 +127,7 @@ def test_spec_file_rows_trace():
     assert len(variants) == 3 * len(SPEC_MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 @pytest.mark.parametrize("num_experts, top_k", [(64, 6), (256, 8)])
 def test_compiles(compile_call, target, num_experts, top_k):

@@ -197,6 +197,7 @@ def test_spec_file_rows_trace():
     assert len(variants) == len(SPEC_MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 @pytest.mark.parametrize("name, dtype", [("deepseek-v2-lite", torch.bfloat16), ("deepseek-v3", torch.float32),
                                          ("mixtral", torch.bfloat16)])

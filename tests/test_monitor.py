@@ -31,6 +31,7 @@ def warmed(tmp_path_factory):
     return cache
 
 
+@pytest.mark.slow
 def test_warmed_cache_serves_every_batch_size(warmed, tmp_path):
     monitor = DispatchMonitor(warmed, policy="error")
     serve(monitor, "sm90", [(1, 2048), (7, 2048), (300, 4096), (4096, 4096)])
@@ -49,6 +50,7 @@ def test_error_policy_names_the_missing_kernel(tmp_path):
         serve(monitor, "sm90", [(3, 2048)])
 
 
+@pytest.mark.slow
 def test_warn_policy_records_misses_and_carries_on(warmed, caplog):
     monitor = DispatchMonitor(warmed, policy="warn")
     serve(monitor, "sm90", [(5, 1024)])  # hidden 1024 was never warmed
@@ -61,6 +63,7 @@ def test_unknown_policy_is_rejected(tmp_path):
         DispatchMonitor(tmp_path, policy="maybe")
 
 
+@pytest.mark.slow
 def test_serving_hook_sees_tritons_own_compile_requests(warmed, tmp_path):
     """monitor.serving() watches JITFunction.run itself (driven here under the target-only driver,
     as a GPU process would drive it): hits on a warmed cache, a refusal before compiling on a cold one."""

@@ -156,6 +156,7 @@ def real_call_args(name, batch=8, dtype=torch.bfloat16):
             fake_tensor((batch, 2048), torch.int32), fake_tensor((batch,), torch.int32), 0.08, None, v_head_dim)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 @pytest.mark.parametrize("name", REAL)
 def test_compiles_real_geometry(compile_call, target, name):

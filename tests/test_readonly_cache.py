@@ -38,6 +38,7 @@ def readonly_cache(tmp_path):
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_serving_and_check_work_warming_fails(readonly_cache, compile_counter, rms_norm_runtime):
     spec, cache = readonly_cache
     with pytest.raises(OSError):

@@ -58,6 +58,7 @@ def test_zero_rows_launch_nothing():
     assert rms_norm(torch.empty(0, 64), torch.ones(64)).shape == (0, 64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
     x = fake_tensor((8, 4096), torch.bfloat16)

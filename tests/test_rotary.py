@@ -121,6 +121,7 @@ def test_custom_op():
     torch.library.opcheck(torch.ops.tritonwarm.rotary_embedding.default, (positions, q, k, cache, True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_compiles(compile_call, target, is_neox):

@@ -14,6 +14,7 @@ from tritonwarm.jit.warmup import warm
 SHIPPED = pathlib.Path(__file__).parent.parent / "warmup_specs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
 def test_every_shipped_variant_compiles(tmp_path, target_name):
     target = TARGETS[target_name]

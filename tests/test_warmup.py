@@ -35,6 +35,7 @@ def spec_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
 def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_file, compile_counter,
                                                                rms_norm_runtime, target_name):
@@ -62,6 +63,7 @@ def test_warmed_cache_serves_runtime_launches_without_compiling(tmp_path, spec_f
     assert compile_counter.count == compiled_by_warmup + 1
 
 
+@pytest.mark.slow
 def test_second_warm_compiles_nothing_and_check_is_clean(tmp_path, spec_file):
     target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
     specs = load_specs([spec_file])
@@ -79,6 +81,7 @@ def test_second_warm_compiles_nothing_and_check_is_clean(tmp_path, spec_file):
         assert entry["rows"]
 
 
+@pytest.mark.slow
 def test_stale_and_corrupt_entries_are_reported_and_repaired(tmp_path, spec_file):
     target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
     specs = load_specs([spec_file])
@@ -102,6 +105,7 @@ def test_stale_and_corrupt_entries_are_reported_and_repaired(tmp_path, spec_file
     assert stale and "Triton 0.0.1" in stale[0]["why"]
 
 
+@pytest.mark.slow
 def test_killed_midway_entry_reads_as_missing_and_is_rebuilt(tmp_path, spec_file):
     target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
     specs = load_specs([spec_file])
@@ -161,6 +165,7 @@ def test_unaligned_views_are_a_separate_variant(tmp_path):
     assert sorted(v.args["x_ptr"] for v in variants) == ["*fp16 aligned", "*fp16 unaligned"]
 
 
+@pytest.mark.slow
 def test_user_triton_cache_dir_is_never_overwritten(tmp_path, spec_file):
     before = os.environ["TRITON_CACHE_DIR"]
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), tmp_path / "elsewhere")
@@ -168,6 +173,7 @@ def test_user_triton_cache_dir_is_never_overwritten(tmp_path, spec_file):
     assert knobs.cache.dir == before
 
 
+@pytest.mark.slow
 def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
     target, specs = TARGETS["sm90"], load_specs([spec_file])
     serial = warm(plan(specs, target), tmp_path / "serial", jobs=1)
@@ -184,6 +190,7 @@ def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
     assert Manifest(tmp_path / "parallel", "sm90").read().keys() == Manifest(tmp_path / "serial", "sm90").read().keys()
 
 
+@pytest.mark.slow
 def test_noop_warmup_reuses_stored_plans_until_an_input_changes(tmp_path, spec_file, monkeypatch):
     from tritonwarm.jit.trace import Capture
 

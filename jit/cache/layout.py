@@ -34,20 +34,24 @@ class UnreadableEntry(CacheError):
     """An entry folder that exists but cannot be read: neither missing nor servable."""
 
 
-def check_cache_dir(cache_dir: Path, *, for_writing: bool) -> None:
-    """Say what is wrong with the cache directory's path, in one line, before anything uses it."""
+def check_cache_dir(cache_dir: Path, *, for_writing: bool) -> str | None:
+    """Say what is wrong with the cache directory's path, in one line, before anything uses it.
+
+    A path that is a file, or lies under one, is an error. A directory that does not exist yet is
+    fine for warming (it is created) and, for reading, returns a note: nothing was warmed there.
+    """
     path = Path(cache_dir)
     if path.exists() and not path.is_dir():
         raise CacheError(f"cache directory {path} is a file, not a directory")
-    if path.exists() or not for_writing:
-        if not path.exists():
-            raise CacheError(f"cache directory {path} does not exist: nothing was warmed there")
-        return
+    if path.exists():
+        return None
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise CacheError(f"cannot create cache directory {path}: {parent} is a file, not a directory")
+        verb = "create" if for_writing else "read"
+        raise CacheError(f"cannot {verb} cache directory {path}: {parent} is a file, not a directory")
+    return None if for_writing else "does not exist: nothing was warmed there"
 
 
 def disk_full(e: BaseException) -> bool:
