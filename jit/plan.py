@@ -12,6 +12,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import describe_error
 from .cache import PlanStore
 from .kernel import JitKernel
 from .specs import Spec
@@ -169,7 +170,7 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
                 try:
                     call()
                 except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
-                    result.errors.append(f"{label}: {type(e).__name__}: {e}")
+                    result.errors.append(f"{label}: the launcher failed on fake inputs: {describe_error(e)}")
                     continue
             if not cap.keys_of(label):
                 result.unreachable.append(label)

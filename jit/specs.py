@@ -13,6 +13,7 @@ import importlib
 import inspect
 import itertools
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,22 @@ class _BoundArithmetic(ast.NodeTransformer):
         return ast.copy_location(ast.Call(ast.Name(name, ast.Load()), [node.left, node.right], []), node)
 
 
+_CONSTRUCTS = {
+    "Attribute": "attribute access (a.b)", "Subscript": "indexing (a[i])", "Lambda": "a lambda",
+    "ListComp": "a comprehension", "SetComp": "a comprehension", "DictComp": "a comprehension",
+    "GeneratorExp": "a comprehension", "NamedExpr": "assignment (:=)", "Starred": "unpacking (*)",
+    "JoinedStr": "an f-string", "Dict": "a dict literal", "Set": "a set literal", "Await": "await",
+    "BitAnd": "&", "BitOr": "|", "BitXor": "^", "LShift": "<<", "RShift": ">>", "Invert": "~", "MatMult": "@",
+    "Is": "is", "IsNot": "is not",
+}
+
+
+def _construct(node: ast.AST) -> str:
+    """What the user wrote, in words (not the name of Python's AST class)."""
+    name = type(node).__name__
+    return _CONSTRUCTS.get(name) or " ".join(re.findall(r"[A-Z][a-z]*", name)).lower() or name
+
+
 class Expr:
     """A small, safe Python expression over axis names (``$2 * hidden``, filters)."""
 
@@ -152,7 +169,7 @@ class Expr:
         for node in ast.walk(tree):
             if not isinstance(node, _ALLOWED_NODES):
                 raise SpecError(where.file, where.line, where.field,
-                                f"{type(node).__name__} is not allowed in expression {text!r}")
+                                f"{_construct(node)} is not allowed in expression {text!r}")
             if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
                 raise SpecError(where.file, where.line, where.field,
                                 f"only {', '.join(_FUNCTIONS)} may be called in {text!r}")
