@@ -26,6 +26,26 @@ def prime_key_material(targets: Iterable[Target]) -> None:
         make_backend(target.gpu_target).hash()
 
 
+class _ForkedPool(concurrent.futures.Executor):
+    """Starts its workers at the first ``submit``: a warm-up with nothing to trace or compile (the
+    plan store and the cache have it all) pays neither the key material nor the forks."""
+
+    def __init__(self, jobs: int, targets: list[Target]):
+        self.jobs, self.targets = jobs, targets
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self.pool is None:
+            prime_key_material(self.targets)
+            context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+        return self.pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        if self.pool is not None:
+            self.pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
 @contextlib.contextmanager
 def worker_pool(jobs: int, targets: Iterable[Target]):
     """A process pool of ``jobs`` workers (None for ``jobs <= 1``: everything runs in this process).
@@ -35,9 +55,7 @@ def worker_pool(jobs: int, targets: Iterable[Target]):
     if jobs <= 1:
         yield None
         return
-    prime_key_material(targets)
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    pool = _ForkedPool(jobs, list(targets))
     try:
         yield pool
     finally:
