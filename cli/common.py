@@ -54,23 +54,40 @@ def plan_with_engine(args, specs, target, **kwargs):
 
 def plan_all(args, specs, targets, pool=None, **kwargs):
     """Each target's plan: the specs', plus the engine config's when one is given; traced in
-    ``pool``'s workers when one is given (the engine's traces start first: they are the longest)."""
-    from ..jit.plan import Plan, plan_targets
+    ``pool``'s workers when one is given (the engine's traces start first: they are the longest).
+    With ``cache_dir`` the engine's plan, like each spec's, comes from the plan store when its
+    inputs did not change."""
+    from ..jit.plan import Plan, kernel_source_keys, plan_targets, stored_plan
 
     engine_parts = {}
     if args.engine_config:
-        from ..engine.plan import engine_plan, engine_plan_json
+        from ..engine.config import load_engine_config
+        from ..engine.plan import engine_config_source, engine_plan, engine_plan_json
+        from ..jit.cache import PlanStore
 
+        cache_dir = kwargs.get("cache_dir")
+        store = PlanStore(cache_dir) if cache_dir is not None else None
+        config = load_engine_config(args.engine_config)
         for target in targets:
-            engine_parts[target.name] = (pool.submit(engine_plan_json, str(args.engine_config), target.name)
-                                         if pool is not None else None)
+            key = store.engine_key(repr(config), target) if store else None
+            stored = stored_plan(store, key, target) if store else None
+            if stored is not None:
+                part = stored
+            elif pool is not None:
+                part = pool.submit(engine_plan_json, str(args.engine_config), target.name)
+            else:
+                part = engine_plan(config, target)
+            engine_parts[target.name] = (part, key if stored is None else None)
     plans = plan_targets(specs, targets, pool=pool, **kwargs)
     for target in targets:
         if target.name in engine_parts:
-            future = engine_parts[target.name]
-            extra = (Plan.from_json(target, future.result()) if future is not None
-                     else engine_plan(args.engine_config, target))
-            plans[target.name].merge(extra)
+            part, key = engine_parts[target.name]
+            if not isinstance(part, Plan):
+                part = Plan.from_json(target, part.result())
+            if key is not None:
+                store.save(key, part.to_json(), kernel_source_keys(part))
+            part.sources["engine_configs"] = [engine_config_source(args.engine_config)]
+            plans[target.name].merge(part)
     return plans
 
 

@@ -38,9 +38,14 @@ def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan
     steps = ((f"engine:{name} {label}", lambda batch=batch: engine.execute(batch))
              for label, batch in representative_steps(config))
     plan, _ = trace_rows(target, IMPORT_PATH, steps)
-    if source is not None:  # a preset's name, or the config file's absolute path
-        plan.sources["engine_configs"] = [str(Path(source).resolve()) if Path(source).is_file() else str(source)]
+    if source is not None:
+        plan.sources["engine_configs"] = [engine_config_source(source)]
     return plan
+
+
+def engine_config_source(config: str | Path) -> str:
+    """How the plan records where an engine config came from: a preset's name, or the file's absolute path."""
+    return str(Path(config).resolve()) if Path(config).is_file() else str(config)
 
 
 def engine_plan_json(config: str, target_name: str) -> dict:

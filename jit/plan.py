@@ -84,7 +84,7 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
                 continue
             key = store.key(spec, target, verify_collapse) if store else None
             sources[target.name].add(str(Path(spec.file).resolve()))
-            partial = _stored_plan(store, key, target) if store else None
+            partial = stored_plan(store, key, target) if store else None
             if partial is None and pool is not None:
                 partial = pool.submit(_plan_spec_in_worker, str(spec.file), spec.index, target.name, verify_collapse)
             elif partial is None:
@@ -117,7 +117,7 @@ def _plan_spec_in_worker(file: str, index: int, target_name: str, verify_collaps
     return _plan_spec(spec, TARGETS[target_name], verify_collapse).to_json()
 
 
-def _stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
+def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     """The stored plan, if it is intact and every kernel it traced still has the same source."""
     stored = store.load(key)
     if stored is None:

@@ -97,3 +97,23 @@ def _write(tmp_path, text):
     path = tmp_path / "spec.yaml"
     path.write_text(textwrap.dedent(text))
     return path
+
+
+def test_an_engine_plan_comes_from_the_plan_store_when_nothing_changed(tmp_path, monkeypatch):
+    import argparse
+
+    from tritonwarm.cli.common import plan_all
+    from tritonwarm.engine import plan as engine_plan_module
+
+    args, target = argparse.Namespace(engine_config="tiny"), TARGETS["sm90"]
+    first = plan_all(args, [], [target], cache_dir=tmp_path, verify_collapse=False)["sm90"]
+    assert first.variants and first.rows
+
+    def traced_again(*a, **k):
+        raise AssertionError("the engine was traced again")
+
+    monkeypatch.setattr(engine_plan_module, "engine_plan", traced_again)
+    again = plan_all(args, [], [target], cache_dir=tmp_path, verify_collapse=False)["sm90"]
+    assert json.dumps(again.to_json(), sort_keys=True) == json.dumps(first.to_json(), sort_keys=True)
+    with pytest.raises(AssertionError, match="traced again"):  # --replan: no store, traced
+        plan_all(args, [], [target], cache_dir=None, verify_collapse=False)

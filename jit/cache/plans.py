@@ -52,6 +52,12 @@ class PlanStore:
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
+    def engine_key(self, config_repr: str, target) -> str:
+        """An engine config's plan: the config (its repr), tritonwarm's code (the engine included),
+        Triton's version and cache-invalidating environment, the target."""
+        parts = [self.FORMAT, "engine", config_repr, code_fingerprint(), triton_version(), cache_env(), target.name]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
     def load(self, key: str) -> tuple[dict, dict[str, str]] | None:
         """``(plan JSON, kernel source keys)`` as saved under ``key``, or None: absent, unreadable,
         of another format or altered since it was written (the caller traces again)."""
