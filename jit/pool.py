@@ -2,7 +2,8 @@
 
 Each worker pays Triton's start-up once. Triton's own key material (``triton_key()``: a sha256 of
 every Triton source and of ``libtriton``, about a second; each backend's hash, which asks ``ptxas``
-for its version) is computed once here, before the first fork, so that no worker computes it again.
+for its version; each kernel's source key, which walks its ``@triton.jit`` dependencies) is computed
+once here, before the first fork, so that no worker computes it again.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ def prime_key_material(targets: Iterable[Target]) -> None:
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import triton_key
 
+    from .kernel import JitKernel
+
     triton_key()
     for target in targets:
         make_backend(target.gpu_target).hash()
+    for kernel in JitKernel.registry():  # the kernels the specs' launchers (and the engine) define
+        _ = kernel.jit_function.cache_key
 
 
 class _ForkedPool(concurrent.futures.Executor):
