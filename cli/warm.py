@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import sys
@@ -65,34 +66,49 @@ def cmd_warmup(args) -> int:
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
-    results, problems, pushes = [], [], []
+    problems, pushes = [], []
     with worker_pool(args.jobs, targets) as pool:  # tracing and compiling share the workers
         started = time.perf_counter()
         plans = plan_all(args, specs, targets, pool, verify_collapse=not args.no_verify_collapse,
                          cache_dir=None if args.replan else cache_dir)
         trace_seconds = round(time.perf_counter() - started, 3)
-        for target in targets:
-            the_plan = sharded(shard, plans[target.name])
-            problems += the_plan.errors + the_plan.collapse_errors
-            with progress_bar(len(the_plan.variants), f"warming {target.name}", quiet=args.json) as tick:
-                result = warm(the_plan, cache_dir, jobs=args.jobs, binary_only=args.binary_only, progress=tick,
-                              pool=pool)
-            results.append(result)
-            problems += result.failures + _store_pinned_winners(specs, target, cache_dir)
-            if result.manifest_set_aside:
-                print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
-                      "from the entries that verify", file=sys.stderr)
-            if not args.json:
-                print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
-                      f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
-                      f"in {result.seconds:.1f} s")
-                if result.c_launchers:
-                    print(f"{target.name}: {result.c_launchers['summary']}")
-            if store is not None:
-                pushes.append(_push(args, the_plan, cache_dir, store))
-                problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
+        plans = {name: sharded(shard, the_plan) for name, the_plan in plans.items()}
+        started = time.perf_counter()
+
+        def warm_target(target):
+            with progress_bar(len(plans[target.name].variants), f"warming {target.name}", quiet=args.json) as tick:
+                return warm(plans[target.name], cache_dir, jobs=args.jobs, binary_only=args.binary_only,
+                            progress=tick, pool=pool)
+
+        if pool is None or len(targets) == 1 or not pool.started:  # (forking is left to this thread)
+            results = [warm_target(target) for target in targets]
+        else:  # every target's compiles queue at once: no worker waits for the last compile of a target
+            with concurrent.futures.ThreadPoolExecutor(len(targets)) as threads:
+                futures = [threads.submit(warm_target, target) for target in targets]
+                try:
+                    results = [future.result() for future in futures]
+                except BaseException:  # a full disk, Ctrl-C: what has not started is not compiled
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+        compile_seconds = round(time.perf_counter() - started, 3)
+    for target, result in zip(targets, results, strict=True):
+        the_plan = plans[target.name]
+        problems += the_plan.errors + the_plan.collapse_errors + result.failures
+        problems += _store_pinned_winners(specs, target, cache_dir)
+        if result.manifest_set_aside:
+            print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
+                  "from the entries that verify", file=sys.stderr)
+        if not args.json:
+            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
+                  f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
+                  f"in {result.seconds:.1f} s")
+            if result.c_launchers:
+                print(f"{target.name}: {result.c_launchers['summary']}")
+        if store is not None:
+            pushes.append(_push(args, the_plan, cache_dir, store))
+            problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
-    totals["seconds"] = round(sum(r.seconds for r in results), 3)
+    totals["seconds"] = compile_seconds  # the compile phase's wall time (targets overlap in the pool)
     totals["trace_seconds"] = trace_seconds
     if args.json:
         print(json.dumps({**totals, "cache_dir": str(cache_dir), "targets": [r.to_json() for r in results],

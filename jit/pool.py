@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import sys
+import threading
 from collections.abc import Iterable
 
 from .targets import Target
@@ -38,12 +39,19 @@ class _ForkedPool(concurrent.futures.Executor):
     def __init__(self, jobs: int, targets: list[Target]):
         self.jobs, self.targets = jobs, targets
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def started(self) -> bool:
+        """Whether the workers exist (forked at the first ``submit``, all at once, by that thread)."""
+        return self.pool is not None
 
     def submit(self, fn, /, *args, **kwargs):
-        if self.pool is None:
-            prime_key_material(self.targets)
-            context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+        with self._lock:
+            if self.pool is None:
+                prime_key_material(self.targets)
+                context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+                self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
         return self.pool.submit(fn, *args, **kwargs)
 
     def shutdown(self, wait=True, *, cancel_futures=False):

@@ -117,3 +117,20 @@ def test_an_engine_plan_comes_from_the_plan_store_when_nothing_changed(tmp_path,
     assert json.dumps(again.to_json(), sort_keys=True) == json.dumps(first.to_json(), sort_keys=True)
     with pytest.raises(AssertionError, match="traced again"):  # --replan: no store, traced
         plan_all(args, [], [target], cache_dir=None, verify_collapse=False)
+
+
+@pytest.mark.slow
+def test_a_pooled_warmup_of_several_targets_writes_what_a_serial_one_writes(tmp_path, capsys):
+    from tritonwarm.cli import main
+    from tritonwarm.jit.cache import Manifest
+
+    spec = _write(tmp_path, SILU)
+    for jobs in ("1", "2"):
+        rc = main(["warmup", str(spec), "--target", "sm90,gfx942", "--cache-dir", str(tmp_path / jobs), "--jobs", jobs,
+                   "--json"])
+        assert rc == 0, capsys.readouterr().err
+        report = json.loads(capsys.readouterr().out)
+        assert report["compiled"] == report["planned"] == 2 and report["trace_seconds"] >= 0
+    for target in ("sm90", "gfx942"):
+        serial, pooled = (Manifest(tmp_path / jobs, target).read() for jobs in ("1", "2"))
+        assert {k: v["files"] for k, v in serial.items()} == {k: v["files"] for k, v in pooled.items()} != {}
