@@ -86,8 +86,10 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environments = {fingerprint_id(fingerprint): fingerprint}
     variants, warmed = list(the_plan.variants.values()), []
-    for variant, outcome in _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool):
+    outcomes = _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool)
+    for variant, outcome in outcomes:
         if disk_full(outcome):  # every further compile would fail the same way: stop at the first
+            outcomes.close()  # now, not when the exception is gone: what has not started is cancelled
             where = getattr(outcome, "filename", None) or cache_dir
             raise CacheError(f"disk full: no space left on device writing {where}; free space and warm again "
                              "(the next warm-up removes what this one left)")

@@ -276,6 +276,42 @@ def test_a_full_disk_stops_at_the_first_write_and_the_next_run_cleans_up(tmp_pat
     assert not attempts[0].exists() and fresh_leftover.exists()
 
 
+@pytest.mark.slow
+def test_a_full_disk_stops_a_pooled_warmup_too(tmp_path, monkeypatch):
+    """Workers fork after the patch, so they inherit it; the first failure cancels what has not started."""
+    from tritonwarm.jit import TARGETS
+    from tritonwarm.jit import warmup as warmup_module
+    from tritonwarm.jit.cache import CacheError
+    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.pool import worker_pool
+    from tritonwarm.jit.specs import load_specs
+
+    path = spec(tmp_path, RMS + """\
+        axes:
+          dtype: [float16, bfloat16]
+          hidden: [256, 512, 1024, 2048, 4096, 8192]
+        args:
+          x: {tensor: [8, $hidden], dtype: $dtype}
+          weight: {tensor: [$hidden], dtype: $dtype}
+    """)
+    target, cache = TARGETS["sm90"], tmp_path / "cache"
+    the_plan = plan(load_specs([path]), target)
+    assert len(the_plan.variants) == 12
+
+    def full_disk(variant, target, cache_dir, binary_only=False):
+        leftover = cache_dir / variant.entry_dir / f"tmp.pid_{os.getpid()}_x"
+        leftover.mkdir(parents=True)
+        time.sleep(2)
+        raise OSError(errno.ENOSPC, "No space left on device", str(leftover / "k.cubin"))
+
+    monkeypatch.setattr(warmup_module, "compile_variant", full_disk)
+    with worker_pool(2, [target]) as pool, pytest.raises(CacheError, match="^disk full: no space left on device"):
+        warmup_module.warm(the_plan, cache, jobs=2, pool=pool)
+    attempts = list(cache.glob("*/tmp.pid_*"))
+    # the two running and the few the pool had already handed to its workers; never the rest
+    assert 1 <= len(attempts) <= 6, f"{len(attempts)} of 12 compiles attempted after the disk was full"
+
+
 def test_a_full_disk_while_writing_the_manifest_names_it(tmp_path, monkeypatch):
     from tritonwarm.jit.cache import CacheError, Manifest
 
