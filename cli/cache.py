@@ -37,7 +37,8 @@ def add_parsers(sub) -> None:
     du.set_defaults(func=cmd_du)
 
     pr = sub.add_parser("prune", help="remove variants no spec plans, a record never used, or of other Tritons")
-    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR", help="specs for --unplanned (default: every spec and engine config the cache was warmed from)")
+    pr.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR",
+                    help="specs for --unplanned (default: every spec and engine config the cache was warmed from)")
     pr.add_argument("--target", help="only this target")
     pr.add_argument("--unplanned", action="store_true", help="variants none of the specs plans")
     pr.add_argument("--unused", metavar="RECORD", help="variants this dispatch record (JSONL) never launched")
