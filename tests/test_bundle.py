@@ -51,6 +51,7 @@ def _members(path):
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("binary_only", [False, True])
 def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compile_counter, rms_norm_runtime,
                                                      binary_only, capsys, served_from_bundle):
@@ -87,6 +88,7 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
     assert compile_counter.count == before + 1
 
 
+@pytest.mark.slow
 def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file, served_from_bundle):
     warmed, served = tmp_path / "warmed", tmp_path / "served"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
@@ -109,6 +111,7 @@ def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file, served_fr
     assert not list((served / "tritonwarm").glob(".install-*"))  # no staging left behind
 
 
+@pytest.mark.slow
 def test_a_copied_cache_is_not_bundled_and_a_copy_is_replaced(tmp_path, spec_file):
     """A plain copy's groups still name the original's files: it is neither bundled nor kept by install."""
     warmed = tmp_path / "warmed"
@@ -125,6 +128,7 @@ def test_a_copied_cache_is_not_bundled_and_a_copy_is_replaced(tmp_path, spec_fil
     assert check(plan(load_specs([spec_file]), TARGETS["sm90"]), copy).ok
 
 
+@pytest.mark.slow
 def test_bundle_is_reproducible_and_verify_names_environment_differences(tmp_path, spec_file, capsys, monkeypatch):
     warmed = tmp_path / "warmed"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
@@ -205,6 +209,7 @@ def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file, serve
     assert killed >= 3 and interrupted >= 1, (killed, interrupted)  # the kills did land mid-install
 
 
+@pytest.mark.slow
 def test_header_comes_first(tmp_path, spec_file):
     warmed = tmp_path / "warmed"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)

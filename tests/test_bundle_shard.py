@@ -41,6 +41,7 @@ def _without_seconds(rows):
             for h, row in rows.items()}
 
 
+@pytest.mark.slow
 def test_four_shards_merged_equal_one_full_warmup(tmp_path, capsys, served_from_bundle):
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC)
@@ -89,6 +90,7 @@ def test_four_shards_merged_equal_one_full_warmup(tmp_path, capsys, served_from_
     assert (result["planned"], result["compiled"], result["cached"]) == (2, 0, 2)
 
 
+@pytest.mark.slow
 def test_merge_refuses_another_environment(tmp_path, capsys):
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC.replace("[1024, 2048, 4096, 8192]", "[1024]").replace("[false, true]", "[false]"))
@@ -152,6 +154,7 @@ def test_shard_plan_keeps_findings_and_reads_times(tmp_path):
     assert recorded_seconds(manifest) == {variants[0].cache_hash: 3.5}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", ["0/4", "5/4", "x", "1/0", ""])
 def test_bad_shard_is_one_line(text, tmp_path, capsys):
     with pytest.raises(ValueError, match="--shard"):

@@ -153,6 +153,7 @@ def test_prune_unplanned_keeps_what_an_engine_config_warmed(custom_kernel, tmp_p
     tritonwarm("check", "--engine-config", "tiny", "--target", "sm90", "--cache-dir", cache, env=env)
 
 
+@pytest.mark.slow
 def test_manifest_and_plans_follow_the_umask(tmp_path):
     spec_file = tmp_path / "rms.yaml"
     spec_file.write_text(textwrap.dedent(RMS_SPEC).replace("[float16, bfloat16]", "[float16]"))
@@ -168,6 +169,7 @@ def test_manifest_and_plans_follow_the_umask(tmp_path):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
 
 
+@pytest.mark.slow
 def test_prune_unplanned_keeps_what_a_bundle_installed(custom_kernel, tmp_path, monkeypatch):
     from tritonwarm.jit.cache import bundle
 

@@ -144,6 +144,7 @@ def _uses_redis(monkeypatch, url, manager=MANAGER, backend=None):
         monkeypatch.setenv("TRITON_REMOTE_CACHE_BACKEND", backend)
 
 
+@pytest.mark.slow
 def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
     from tritonwarm.jit.cache.remote import sha256
 
@@ -167,6 +168,7 @@ def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
     assert store.read_entry("ENTRY", "__grp__k.json") == files
 
 
+@pytest.mark.slow
 def test_serving_uses_redis_again_once_it_is_back(redis_server, monkeypatch, caplog):
     from tritonwarm.jit.cache import remote
 
@@ -183,6 +185,7 @@ def test_serving_uses_redis_again_once_it_is_back(redis_server, monkeypatch, cap
     assert shared.call(lambda store: store.ping() or "up") == "up"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url, says", [
     ("http://127.0.0.1:6379", "expected redis://HOST:PORT[/DB]"),
     ("redis://127.0.0.1:port", "bad Redis URL"),
@@ -237,6 +240,7 @@ def test_warmup_pushes_and_check_remote_finds_every_variant(warmed, redis_server
     assert sha256(b"not the cubin") not in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("manager, backend", [
     (MANAGER, None),
     ("triton.runtime.cache:RemoteCacheManager", "tritonwarm.jit.cache.remote:RedisBackend"),
@@ -252,6 +256,7 @@ def test_runtime_reads_through_redis_and_compiles_nothing(warmed, redis_server, 
     assert len(list(empty.glob("*/*.cubin"))) == 2  # written through to the local cache
 
 
+@pytest.mark.slow
 def test_later_lookups_are_local(warmed, redis_server, tmp_path, monkeypatch, compile_counter, rms_norm_runtime):
     _push(redis_server, warmed)
     _uses_redis(monkeypatch, redis_server.url)
@@ -265,6 +270,7 @@ def test_later_lookups_are_local(warmed, redis_server, tmp_path, monkeypatch, co
     assert compile_counter.count == 0
 
 
+@pytest.mark.slow
 def test_corrupt_value_is_a_miss_and_a_recompile(warmed, redis_server, tmp_path, monkeypatch, compile_counter,
                                                  rms_norm_runtime):
     _push(redis_server, warmed)
@@ -398,6 +404,7 @@ def test_eight_concurrent_pushers_lose_nothing(redis_server, tmp_path):
     assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": f"meta from {winner}".encode()}
 
 
+@pytest.mark.slow
 def test_triton_manager_with_redis_away_serves_the_local_cache(redis_py, tmp_path, monkeypatch, caplog, compile_counter,
                                                                rms_norm_runtime):
     spec = tmp_path / "rms.yaml"
