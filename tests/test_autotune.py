@@ -63,6 +63,7 @@ def _base(kernel):
     return kernel
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target_name", ["sm90", "gfx942"])
 def test_every_pruned_config_warmed_and_pinned_winner_needs_no_compile_or_benchmark(
         target_name, tmp_path, compile_counter, monkeypatch):
@@ -221,6 +222,7 @@ def test_jitkernel_of_a_heuristics_kernel_traces_and_interprets():
     assert torch.equal(x, torch.ones(100))
 
 
+@pytest.mark.slow
 def test_warmup_stores_pinned_winners_and_check_reports_unknown_ones(capsys, tmp_path):
     from tritonwarm.cli import main
 

@@ -98,6 +98,7 @@ def runtime_lookups(cache, monkeypatch, tmp_path):
     return sink.kernels, found
 
 
+@pytest.mark.slow
 @needs_builds
 def test_warmup_builds_the_launcher_of_every_warmed_signature(warmed, compile_counter, monkeypatch, tmp_path):
     cache, _, result = warmed
@@ -111,6 +112,7 @@ def test_warmup_builds_the_launcher_of_every_warmed_signature(warmed, compile_co
     assert len({path for _, path in found}) == len(EXPECTED)
 
 
+@pytest.mark.slow
 @needs_builds
 def test_warmup_again_finds_them_cached(warmed):
     cache, the_plan, _ = warmed
@@ -146,6 +148,7 @@ def test_built_launchers_load_as_extensions_of_this_python(warmed, tmp_path):
     assert out.returncode == 0 and f"loaded {len(EXPECTED)}" in out.stdout, out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(BUILDS, reason="this Triton builds C modules")
 def test_a_triton_without_per_signature_launchers_builds_nothing_and_says_nothing(warmed):
     cache, the_plan, result = warmed
@@ -155,6 +158,7 @@ def test_a_triton_without_per_signature_launchers_builds_nothing_and_says_nothin
     assert report.missing_c_launchers == [] and report.ok
 
 
+@pytest.mark.slow
 @needs_builds
 def test_check_lists_a_missing_launcher_with_the_fix(warmed, tmp_path):
     cache, the_plan, _ = warmed
@@ -181,6 +185,7 @@ def test_says_in_one_line_why_launchers_cannot_be_built(monkeypatch):
     assert "no C compiler" in c_launchers.why_not_buildable("cuda")
 
 
+@pytest.mark.slow
 @needs_builds
 def test_warmup_without_a_compiler_builds_nothing_and_says_so(warmed, tmp_path, monkeypatch):
     _, the_plan, _ = warmed
@@ -242,6 +247,7 @@ def test_error_policy_counts_what_no_warmup_could_provide(tmp_path, caplog):
     assert monitor.c_builds == ["cuda_utils"] and monitor.compiles == 1
 
 
+@pytest.mark.slow
 @needs_builds
 def test_a_compiler_that_fails_is_a_warmup_failure_named_in_one_line(warmed, monkeypatch):
     cache, the_plan, _ = warmed

@@ -53,6 +53,7 @@ def test_device_questions_get_the_targets_answers_and_are_restored():
     assert len(trace_call(TARGETS["sm90"], ops.mlp_block, x, bias, all_kernels=True)) == 3  # 2 configs + softmax
 
 
+@pytest.mark.slow
 def test_capture_all_warms_a_module_that_launches_itself_then_it_runs_with_zero_compiles(
         tmp_path, compile_counter, monkeypatch):
     target = TARGETS["sm90"]
@@ -102,6 +103,7 @@ def test_launcher_field_and_kernel_alias(tmp_path):
         load_specs([bad])
 
 
+@pytest.mark.slow
 def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypatch):
     from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
 

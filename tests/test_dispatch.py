@@ -105,6 +105,7 @@ def test_int_classes_match_tritons(value, expected):
     assert names[code] == scalar_class(value)
 
 
+@pytest.mark.slow
 def test_hip_storages_over_2gib_are_another_class(compile_cache_dir):
     """HIP's buffer ops mark pointers into storages of at most 2 GiB: a view of a larger storage is
     another compiled kernel, and the fast path must not hand it the small storage's."""

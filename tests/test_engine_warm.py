@@ -158,6 +158,7 @@ def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, 
     assert f"miss    {trace.misses[0]['id']}  tuned_rms_norm first at step 0 (batch=1, tokens=7)" in text
 
 
+@pytest.mark.slow
 def test_jit_policy_error_refuses_a_cache_without_its_c_launchers(lite_cache, tmp_path):
     """Where Triton builds a C launcher per kernel signature (3.6), a cache whose launchers are gone
     would run gcc on the first request: the engine refuses to start under ``error``."""

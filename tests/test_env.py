@@ -107,6 +107,7 @@ def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
     assert "libtriton" in text and "sm90" in text and "Python headers" in text
 
 
+@pytest.mark.slow
 def test_a_cache_warmed_under_two_environments_checks_ok_under_each(tmp_path, specs, monkeypatch):
     target, cache = TARGETS["sm90"], tmp_path / "cache"
     envs = {}
@@ -139,6 +140,7 @@ def test_a_cache_warmed_under_two_environments_checks_ok_under_each(tmp_path, sp
     ]
 
 
+@pytest.mark.slow
 def test_check_names_the_difference_on_the_command_line(tmp_path, monkeypatch, capsys):
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC)
@@ -154,6 +156,7 @@ def test_check_names_the_difference_on_the_command_line(tmp_path, monkeypatch, c
                       "differs: set it identically when warming and serving")
 
 
+@pytest.mark.slow
 def test_prune_other_environments_keeps_the_runtimes(tmp_path, specs, monkeypatch, capsys):
     target, cache = TARGETS["sm90"], tmp_path / "cache"
     kept = {}
@@ -179,6 +182,7 @@ def test_prune_other_environments_keeps_the_runtimes(tmp_path, specs, monkeypatc
     assert len(json.loads(capsys.readouterr().out)["removed"]) == 2 and not manifest.read()
 
 
+@pytest.mark.slow
 def test_a_manifest_without_environments_stays_readable(tmp_path, specs):
     target, cache = TARGETS["sm90"], tmp_path / "cache"
     the_plan = plan(specs, target)

@@ -85,6 +85,7 @@ def spec_file(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_warm_for_env_json_is_what_that_runtime_reads(tmp_path, spec_file, env_json, serving_key, compile_counter,
                                                      rms_norm_runtime, monkeypatch):
     target, cache = TARGETS["sm90"], tmp_path / "cache"
@@ -132,6 +133,7 @@ def test_warm_for_env_json_is_what_that_runtime_reads(tmp_path, spec_file, env_j
     assert compile_counter.count == before + 2
 
 
+@pytest.mark.slow
 def test_warmup_for_wheel_from_the_command_line(tmp_path, spec_file, wheel, serving_key, compile_counter,
                                                 rms_norm_runtime, monkeypatch, capsys):
     fp = fingerprint_from_wheel(wheel)
