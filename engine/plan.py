@@ -16,9 +16,9 @@ from pathlib import Path
 from ..jit import Target, class_reps, resolve_target
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.check import check
+from ..jit.dispatch_record import read_record
 from ..jit.monitor import JitPolicyError
 from ..jit.plan import Plan, trace_rows
-from ..jit.records import read_record
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
 from .model import plan_token_counts

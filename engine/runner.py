@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..jit.dispatch_record import write_record
 from ..jit.monitor import DispatchMonitor
-from ..jit.records import write_record
 from .config import EngineConfig
 from .engine import Engine, RunResult
 from .plan import startup_check

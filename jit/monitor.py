@@ -24,9 +24,9 @@ from pathlib import Path
 from triton import knobs
 
 from .cache import UnreadableEntry, entry_files
+from .dispatch_record import write_record
 from .foreign import kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
-from .records import write_record
 from .targets import Target, target_from_gpu_target
 from .trace import Capture, Variant, _hook_lock
 

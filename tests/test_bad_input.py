@@ -166,7 +166,7 @@ def test_a_directory_with_no_specs_is_bad_input(tmp_path, capsys):
 
 @pytest.mark.parametrize("garbage", ["garbage", '{"kernel": 1}', "[1, 2]", '{"kernel": "k"}'])
 def test_a_garbage_line_in_a_dispatch_record_names_its_line(tmp_path, capsys, garbage):
-    from tritonwarm.jit.records import FIELDS
+    from tritonwarm.jit.dispatch_record import FIELDS
 
     good = {"kernel": "k", "target": "sm90", "variant": "abc", "cache_hash": "ab" * 32, "hit": True, "args": {},
             "launches": 1}
@@ -182,7 +182,7 @@ def test_a_garbage_line_in_a_dispatch_record_names_its_line(tmp_path, capsys, ga
 
 
 def test_records_round_trip_through_the_one_format(tmp_path):
-    from tritonwarm.jit.records import read_record, write_record
+    from tritonwarm.jit.dispatch_record import read_record, write_record
 
     lines = [{"kernel": "k", "target": "sm90", "variant": "abc", "cache_hash": "ab" * 32, "hit": False,
               "args": {"n": "i32"}, "launches": 3, "first": None}]

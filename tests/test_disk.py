@@ -6,8 +6,8 @@ import pytest
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.check import check
+from tritonwarm.jit.dispatch_record import write_record
 from tritonwarm.jit.plan import plan
-from tritonwarm.jit.records import write_record
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 

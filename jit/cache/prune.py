@@ -95,6 +95,6 @@ def remove(cache_dir: Path, doomed: list[dict]) -> None:
 
 def used_hashes(record_path: Path) -> set[str]:
     """Cache hashes a dispatch record (``engine run --record``) launched."""
-    from ..records import read_record
+    from ..dispatch_record import read_record
 
     return {line["cache_hash"] for line in read_record(record_path)}
