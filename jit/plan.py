@@ -186,7 +186,7 @@ def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
                              all_kernels=spec.capture_all)
     if rows and not result.variants and not result.errors:
         # Specs are code, run like an imported module: a launcher that launches no Triton kernel
-        # (a shell helper, say) is a mistake, and both warmup and check say so.
+        # (one that runs a shell command, say) is a mistake, and both warmup and check say so.
         result.errors.append(f"{spec.file}: kernel: {spec.kernel_path} launched no Triton kernel in any of its "
                              f"{len(rows)} rows: it must call tritonwarm JitKernels")
     collapsed = {a.name for a in spec.collapsed_axes()}
