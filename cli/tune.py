@@ -22,7 +22,7 @@ def add_parsers(sub) -> None:
 
 def cmd_tune(args) -> int:
     from ..jit.targets import local_target
-    from ..jit.winners import pin_winners, tune_winners
+    from ..jit.thirdparty.winners import pin_winners, tune_winners
 
     measure = args.target in (None, "local")
     if measure and local_target() is None:

@@ -25,7 +25,7 @@ def triton_cache_dir(path):
 
 def find_kernel(variant: Variant) -> JitKernel:
     if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
-        from .foreign import find_jit_function, kernel_for
+        from .thirdparty.foreign import find_jit_function, kernel_for
 
         return kernel_for(find_jit_function(variant.jit_function))
     kernel = JitKernel.lookup(variant.kernel)

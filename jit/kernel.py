@@ -108,7 +108,7 @@ class JitKernel:
     _registry_lock = threading.Lock()
 
     def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None):
-        from .autotune import base_jit_function, is_stack
+        from .thirdparty.autotune import base_jit_function, is_stack
 
         # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
         # the JITFunction at its bottom is what compiles.
@@ -176,7 +176,7 @@ class JitKernel:
         if _wants_interpreter(launch.args):
             kwargs = launch.kwargs()
             if self.stack is not None:
-                from .autotune import resolve_for_interpreter
+                from .thirdparty.autotune import resolve_for_interpreter
 
                 kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
                 kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
@@ -193,7 +193,7 @@ class JitKernel:
     def fake_run(self, launch: Launch):
         """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
         if self.stack is not None:  # heuristics evaluated, every pruned config traced: see autotune.py
-            from .autotune import autotune_mode, current_state
+            from .thirdparty.autotune import autotune_mode, current_state
 
             with autotune_mode(current_state()):
                 return self.stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())

@@ -25,9 +25,9 @@ from triton import knobs
 
 from .cache import UnreadableEntry, entry_files
 from .dispatch_record import write_record
-from .foreign import kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .targets import Target, target_from_gpu_target
+from .thirdparty.foreign import kernel_for
 from .trace import Capture, Variant, _hook_lock
 
 log = logging.getLogger("tritonwarm")

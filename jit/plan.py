@@ -144,7 +144,7 @@ def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
 
 def _source_key(kernel_name: str) -> str | None:
     if ":" in kernel_name:
-        from .foreign import find_jit_function
+        from .thirdparty.foreign import find_jit_function
 
         try:
             return find_jit_function(kernel_name).cache_key

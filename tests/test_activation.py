@@ -2,10 +2,9 @@ import pathlib
 
 import pytest
 import torch
-
 from tritonwarm.jit import TARGETS, fake_tensor
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.kernels.activation import silu_and_mul_reference
 from tritonwarm.launchers.activation import silu_and_mul
 

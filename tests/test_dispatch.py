@@ -5,7 +5,6 @@ import pathlib
 
 import pytest
 import torch
-
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.kernel import FakeLaunchSink, Launch, fake_launches

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from tritonwarm.jit import TARGETS, class_reps, fake_tensor, trace_call
 from tritonwarm.kernels.fp4 import nvfp4_dequantize_reference, nvfp4_quantize_reference
 from tritonwarm.launchers.fp4 import nvfp4_dequantize, nvfp4_quantize

@@ -6,7 +6,6 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
 from tritonwarm.jit import TARGETS, JitKernel, Launch, fake_tensor, trace_call
 
 

@@ -2,7 +2,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tritonwarm.jit import TARGETS, capture, class_reps, fake_tensor, trace_call
 from tritonwarm.kernels.moe_align import moe_align_block_size_reference
 from tritonwarm.launchers.moe_align import moe_align_block_size

@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tritonwarm.jit import TARGETS, capture, class_reps, fake_tensor, trace_call
 from tritonwarm.kernels.moe_routing import moe_topk_routing_reference
 from tritonwarm.launchers.moe_routing import moe_topk_routing

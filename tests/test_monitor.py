@@ -5,11 +5,10 @@ import pathlib
 
 import pytest
 import torch
-
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 from tritonwarm.launchers import rms_norm
 

@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, PlanStore
 from tritonwarm.jit.plan import plan

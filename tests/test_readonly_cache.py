@@ -5,10 +5,9 @@ import subprocess
 import sys
 
 import pytest
-
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
 SPEC = """

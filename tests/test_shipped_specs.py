@@ -4,11 +4,10 @@ the shipped specs plan cleanly (no unreachable rows, no launcher errors, sound c
 import pathlib
 
 import pytest
-
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
 SHIPPED = pathlib.Path(__file__).parent.parent / "warmup_specs"

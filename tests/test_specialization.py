@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
-
 from tritonwarm.jit import SCALAR_CLASSES, class_reps, fake_tensor, pointer_class, scalar_class, scalar_rep
 from tritonwarm.jit.specialization import FakePointer, as_kernel_arg
 

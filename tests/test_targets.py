@@ -2,7 +2,6 @@
 
 import pytest
 from triton.runtime.driver import driver
-
 from tritonwarm.jit import TARGETS, resolve_target, resolve_targets, target_driver
 from tritonwarm.jit.targets import UnknownTargetError, local_target
 

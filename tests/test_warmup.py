@@ -5,14 +5,12 @@ import os
 import textwrap
 
 import pytest
-
 from triton import knobs
-
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, entry_files
-from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
 SPEC = """

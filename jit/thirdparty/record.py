@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from ..specialization import fake_tensor
 from .foreign import find_jit_function, locator
-from .specialization import fake_tensor
 
 OUT_ENV = "TRITONWARM_RECORD_OUT"
 TARGET_ENV = "TRITONWARM_RECORD_TARGET"
@@ -135,7 +135,7 @@ def replay(kernel: str, call: dict):
     """The launcher of a recorded plan: one recorded launch, made again on fake inputs (``capture: all``)."""
     from triton.runtime.driver import driver
 
-    from .targets import TargetOnlyDriver
+    from ..targets import TargetOnlyDriver
 
     jit_function = find_jit_function(kernel)
     options = dict(call.get("options", {}))
@@ -158,7 +158,7 @@ def write_plan(rows: list[dict], path: str | Path, command: list[str], target: s
     header = (f"# Recorded by `tritonwarm record` ({how}): {' '.join(command)}\n"
               f"# {len(unique)} distinct launches. Warm them for any target: tritonwarm warmup THIS_FILE --target T\n")
     spec = {
-        "launcher": "tritonwarm.jit.record:replay",
+        "launcher": "tritonwarm.jit.thirdparty.record:replay",
         "capture": "all",
         "description": f"launches recorded from: {' '.join(command)}",
         "groups": {"launch": {"kernel": [r["kernel"] for r in unique], "call": [r["call"] for r in unique]}},
@@ -190,8 +190,8 @@ class _Recorder:
 
     def flush(self) -> None:
         if self.capture is not None:
-            from .kernel import JitKernel
-            from .targets import TARGETS
+            from ..kernel import JitKernel
+            from ..targets import TARGETS
 
             for variant in self.capture.variants.values():
                 kernel = JitKernel.lookup(variant.kernel)
@@ -228,8 +228,8 @@ def install_from_env() -> None:
 
         knobs.runtime.jit_cache_hook = watch
     else:
-        from .targets import TARGETS
-        from .trace import Capture, tracing
+        from ..targets import TARGETS
+        from ..trace import Capture, tracing
 
         recorder.capture = Capture()
         stack = contextlib.ExitStack()
