@@ -24,7 +24,7 @@ def table(title: str, header: list[str], rows: list[list], command: str) -> None
     cells = [header] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     print(f"\n{title}\n$ {command}\n")
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")

@@ -86,7 +86,6 @@ def main() -> None:
         return child(args)
 
     import torch
-
     from tritonwarm.engine.config import load_engine_config
     from tritonwarm.engine.plan import engine_plan
     from tritonwarm.jit import resolve_target

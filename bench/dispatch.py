@@ -30,7 +30,6 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import table  # noqa: E402
 from _dispatch_kernels import args5_kernel, args20_kernel  # noqa: E402
-
 from tritonwarm.jit import TARGETS, JitKernel, Launch  # noqa: E402
 from tritonwarm.jit import kernel as kernel_module  # noqa: E402
 from tritonwarm.jit.compile import triton_cache_dir  # noqa: E402
@@ -159,7 +158,8 @@ def main() -> None:
             host = host_rows(args.gpu, args.calls, args.repeat)
     import triton
 
-    table(f"Dispatch overhead per launch, µs (Triton {triton.__version__}, {'GPU' if args.gpu else 'no GPU: driver call stubbed'})",
+    where = "GPU" if args.gpu else "no GPU: driver call stubbed"
+    table(f"Dispatch overhead per launch, µs (Triton {triton.__version__}, {where})",
           ["kernel", "Triton kernel[grid](...)", "tritonwarm fast dispatch", "ratio", "tritonwarm incl. launch spec"],
           rows, f"python bench/dispatch.py --calls {args.calls} --repeat {args.repeat}{' --gpu' if args.gpu else ''}")
     eager = "on the GPU" if args.gpu else "on the CPU, its compute included; ours: driver call stubbed"

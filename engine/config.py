@@ -160,7 +160,8 @@ def engine_config_from_dict(data: dict, where: str = "config") -> EngineConfig:
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"}
     unknown = set(data) - fields
     if unknown:
-        raise ValueError(f"{where}: unknown engine field(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(fields))}")
+        raise ValueError(f"{where}: unknown engine field(s) {', '.join(sorted(unknown))}; "
+                         f"known: {', '.join(sorted(fields))}")
     if "dtype" in data:
         data["dtype"] = parse_dtype(data["dtype"])
     values = dataclasses.asdict(base) if base else {}

@@ -88,9 +88,9 @@ class Engine:
             tokens = [_fake_token(seq.request.stop_token_ids) for seq in sampling]
         else:
             tokens = logits.argmax(dim=-1).tolist()  # greedy
-        return {seq.request_id: token for seq, token in zip(sampling, tokens)}
+        return {seq.request_id: token for seq, token in zip(sampling, tokens, strict=True)}
 
-    def run(self, requests: list[Request], monitor: DispatchMonitor | None = None) -> "RunResult":
+    def run(self, requests: list[Request], monitor: DispatchMonitor | None = None) -> RunResult:
         result = RunResult()
         pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.request_id)))
         sequences = {}

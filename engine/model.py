@@ -53,7 +53,7 @@ class Model:
         metadata = ops.decode_metadata(step.seq_lens, cfg.num_heads, self.config.block_size, self.num_sm_parts)
         x = F.embedding(step.input_ids, self.embed)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             if residual is None:
                 residual = x
                 h = ops.rms_norm(x, layer["attn_norm"], cfg.rms_norm_eps)

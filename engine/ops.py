@@ -10,8 +10,8 @@ engine launches (warm-up plans name it as their ``import_path``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

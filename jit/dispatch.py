@@ -30,7 +30,7 @@ def _classifier(types: tuple, flags: list, hip: bool = False) -> Any:
     Returns None for a type the fast path does not handle.
     """
     terms = []
-    for i, (kind, (specialize, align)) in enumerate(zip(types, flags)):
+    for i, (kind, (specialize, align)) in enumerate(zip(types, flags, strict=True)):
         a = f"a[{i}]"
         if issubclass(kind, torch.Tensor):
             terms.append(f"{a}.dtype")

@@ -18,7 +18,8 @@ import os
 import threading
 import types
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from triton.runtime.jit import JITFunction
@@ -67,7 +68,7 @@ class Launch:
 class FakeLaunchSink:
     """Receives each fake launch made inside ``fake_launches``. See ``trace.Capture``."""
 
-    def launch(self, kernel: "JitKernel", launch: Launch, target: Target) -> None:  # pragma: no cover
+    def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -104,7 +105,7 @@ LaunchSpec = Callable[..., Launch]
 class JitKernel:
     """A ``@triton.jit`` function and the launch spec that turns runtime inputs into its launch."""
 
-    _registry: "weakref.WeakValueDictionary[str, JitKernel]" = weakref.WeakValueDictionary()
+    _registry: weakref.WeakValueDictionary[str, JitKernel] = weakref.WeakValueDictionary()
     _registry_lock = threading.Lock()
 
     def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None):
@@ -135,12 +136,12 @@ class JitKernel:
             self._registry[self.name] = self
 
     @classmethod
-    def registry(cls) -> list["JitKernel"]:
+    def registry(cls) -> list[JitKernel]:
         with cls._registry_lock:
             return list(cls._registry.values())
 
     @classmethod
-    def lookup(cls, name: str) -> "JitKernel | None":
+    def lookup(cls, name: str) -> JitKernel | None:
         with cls._registry_lock:
             return cls._registry.get(name)
 
@@ -181,8 +182,8 @@ class JitKernel:
                 kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
                 kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
             runtime_names = [p.name for p in self.jit_function.params if not p.is_constexpr]
-            grid = launch.grid({**dict(zip(runtime_names, launch.args, strict=False)), **kwargs}) if callable(launch.grid) \
-                else launch.grid
+            named = {**dict(zip(runtime_names, launch.args, strict=False)), **kwargs}
+            grid = launch.grid(named) if callable(launch.grid) else launch.grid
             return self._interpreter()[grid](*launch.args, **kwargs)
         if self.stack is not None:  # Triton's own autotuner / heuristics, then JITFunction.run
             return self.stack.run(*launch.args, grid=launch.grid, warmup=False, **launch.kwargs())

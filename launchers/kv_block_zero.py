@@ -37,7 +37,7 @@ def _block_numel(kv_cache: torch.Tensor) -> int:
 
 def _blocks_contiguous(kv_cache: torch.Tensor) -> bool:
     expected = 1
-    for size, stride in reversed(list(zip(kv_cache.shape[1:], kv_cache.stride()[1:]))):
+    for size, stride in reversed(list(zip(kv_cache.shape[1:], kv_cache.stride()[1:], strict=True))):
         if size != 1 and stride != expected:
             return False
         expected *= size

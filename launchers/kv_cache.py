@@ -52,17 +52,17 @@ class KVCacheLayout:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
-    def gqa(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> "KVCacheLayout":
+    def gqa(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> KVCacheLayout:
         """K and V of each kv head packed in one entry: ``[key (head_dim) | value (head_dim)]``."""
         return cls(num_blocks, block_size, num_kv_heads, head_dim, head_dim, head_dim)
 
     @classmethod
-    def mla(cls, num_blocks: int, block_size: int, kv_lora_rank: int, rope_dim: int) -> "KVCacheLayout":
+    def mla(cls, num_blocks: int, block_size: int, kv_lora_rank: int, rope_dim: int) -> KVCacheLayout:
         """One latent head: key = ``[latent | rope]``, value = the latent part of the same bytes."""
         return cls(num_blocks, block_size, 1, kv_lora_rank + rope_dim, kv_lora_rank, 0)
 
     @classmethod
-    def infer(cls, kv_cache: torch.Tensor, key_dim: int, value_dim: int | None = None) -> "KVCacheLayout":
+    def infer(cls, kv_cache: torch.Tensor, key_dim: int, value_dim: int | None = None) -> KVCacheLayout:
         """The layout of an existing cache tensor, given the query/key width (and the value width).
 
         ``value_dim=None`` means GQA packing (value as wide as the key, after it). With ``value_dim``
@@ -70,7 +70,8 @@ class KVCacheLayout:
         ``key_dim + value_dim`` holds the value after the key.
         """
         if kv_cache.dim() != 4:
-            raise ValueError(f"kv_cache must be [num_blocks, block_size, num_kv_heads, entry_dim], got {tuple(kv_cache.shape)}")
+            raise ValueError("kv_cache must be [num_blocks, block_size, num_kv_heads, entry_dim], "
+                             f"got {tuple(kv_cache.shape)}")
         num_blocks, block_size, num_kv_heads, entry_dim = kv_cache.shape
         value_dim = key_dim if value_dim is None else value_dim
         if entry_dim == key_dim + value_dim:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..jit import JitKernel, Launch
@@ -96,9 +94,9 @@ def _check_groups(num_experts, top_k, num_expert_group, topk_group, has_bias) ->
 
 @custom_op("tritonwarm::moe_topk_routing", mutates_args=())
 def _moe_topk_routing_op(router_logits: torch.Tensor, top_k: int, scoring: str = "softmax",
-                         renormalize: bool = True, num_expert_group: Optional[int] = None,
-                         topk_group: Optional[int] = None,
-                         correction_bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         renormalize: bool = True, num_expert_group: int | None = None,
+                         topk_group: int | None = None,
+                         correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     return moe_topk_routing(router_logits, top_k, scoring, renormalize, num_expert_group, topk_group,
                             correction_bias)
 

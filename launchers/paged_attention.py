@@ -38,7 +38,7 @@ def _key_chunks(key_dim: int) -> tuple[int, int]:
     return main, (max(MIN_BLOCK, next_power_of_2(rest)) if rest > 0 else 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -107,7 +107,8 @@ def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, 
 
 
 paged_decode_attention_split_jit = JitKernel(paged_decode_attention_split_kernel, paged_decode_attention_split_launch)
-paged_decode_attention_combine_jit = JitKernel(paged_decode_attention_combine_kernel, paged_decode_attention_combine_launch)
+paged_decode_attention_combine_jit = JitKernel(paged_decode_attention_combine_kernel,
+                                               paged_decode_attention_combine_launch)
 
 
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -50,12 +50,14 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         raise ValueError(f"q and k must be [tokens, heads, head_dim], got {tuple(q.shape)} and {tuple(k.shape)}")
     num_tokens = q.shape[0]
     if k.shape[0] != num_tokens or positions.shape != (num_tokens,):
-        raise ValueError(f"token counts differ: positions {tuple(positions.shape)}, q {tuple(q.shape)}, k {tuple(k.shape)}")
+        raise ValueError(f"token counts differ: positions {tuple(positions.shape)}, q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
     if k.dtype != q.dtype:
         raise ValueError(f"q and k dtypes differ: {q.dtype} and {k.dtype}")
     rot_dim = cos_sin_cache.shape[-1]
     if cos_sin_cache.dim() != 2 or rot_dim % 2 or rot_dim > q.shape[-1] or rot_dim > k.shape[-1]:
-        raise ValueError(f"cos_sin_cache {tuple(cos_sin_cache.shape)} does not fit heads of {q.shape[-1]} / {k.shape[-1]} dims")
+        raise ValueError(f"cos_sin_cache {tuple(cos_sin_cache.shape)} does not fit heads of "
+                         f"{q.shape[-1]} / {k.shape[-1]} dims")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("q and k must have a unit stride within each head (they are updated in place)")
     if cos_sin_cache.stride(-1) != 1:

@@ -25,7 +25,7 @@ class Recorder(FakeLaunchSink):
 def materialize(value):
     """A CPU tensor with the meta tensor's dtype, shape, strides and alignment class."""
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
-        span = value.storage_offset() + sum((s - 1) * st for s, st in zip(value.shape, value.stride())) + 1
+        span = value.storage_offset() + sum((s - 1) * st for s, st in zip(value.shape, value.stride(), strict=True)) + 1
         base = torch.zeros(max(span, 1) + 16, dtype=value.dtype)
         shift = (-base.data_ptr() // base.element_size()) % (16 // base.element_size() or 1)  # 16-byte aligned start
         return base[shift:].as_strided(value.shape, value.stride(), shift + value.storage_offset())

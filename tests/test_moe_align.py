@@ -11,9 +11,9 @@ from tritonwarm.launchers.moe_routing import moe_topk_routing
 def assert_align_matches(topk_ids, num_experts, block_size):
     got = moe_align_block_size(topk_ids, num_experts, block_size)
     want = moe_align_block_size_reference(topk_ids, num_experts, block_size)
-    for name, g, w in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, want):
+    for name, g, w in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, want, strict=True):
         assert g.dtype == torch.int32, name
-        torch.testing.assert_close(g, w, atol=0, rtol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(g, w, atol=0, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
     return got
 
 

@@ -31,7 +31,7 @@ def make_inputs(layout, num_heads, seq_lens, dtype, seed, nan_poison=True):
     block_table = torch.full((len(seq_lens), width), 10**6, dtype=torch.int32)  # junk past the end
     readable = torch.zeros(layout.num_blocks, layout.block_size, dtype=torch.bool)
     used = 0
-    for request, (length, n) in enumerate(zip(seq_lens, blocks_per_request)):
+    for request, (length, n) in enumerate(zip(seq_lens, blocks_per_request, strict=True)):
         block_table[request, :n] = order[used:used + n].to(torch.int32)
         used += n
         for position in range(length):

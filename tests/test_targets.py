@@ -26,7 +26,7 @@ def test_nested_drivers_unwind_in_order():
 
 
 def test_every_target_answers_like_a_driver():
-    for name, target in TARGETS.items():
+    for target in TARGETS.values():
         with target_driver(target) as fake:
             gpu = driver.active.get_current_target()
             assert (gpu.backend, gpu.arch, gpu.warp_size) == (target.backend, target.arch, target.warp_size)
