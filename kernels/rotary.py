@@ -6,34 +6,14 @@ import triton.language as tl
 
 
 @triton.jit
-def rotary_embedding_kernel(
-    positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
-    q_token_stride, q_head_stride, k_token_stride, k_head_stride, cos_sin_stride,
-    num_heads, num_kv_heads, rot_half,
-    IS_NEOX: tl.constexpr, HEAD_BLOCK: tl.constexpr, HALF_BLOCK: tl.constexpr,
-):
-    # Grid: (tokens, head blocks of q followed by head blocks of k): one launch rotates both. Each
-    # program picks its tensor with *scalar* selects, so the tile's pointers keep the alignment and
-    # contiguity Triton needs to vectorize the loads (a per-element select would lose both).
-    token = tl.program_id(0).to(tl.int64)
-    block = tl.program_id(1)
-    q_blocks = tl.cdiv(num_heads, HEAD_BLOCK)
-    is_q = block < q_blocks
-    x_ptr = tl.where(is_q, q_ptr + token * q_token_stride, k_ptr + token * k_token_stride)
-    head_stride = tl.where(is_q, q_head_stride, k_head_stride)
-    n_heads = tl.where(is_q, num_heads, num_kv_heads)
-    heads = tl.where(is_q, block, block - q_blocks) * HEAD_BLOCK + tl.arange(0, HEAD_BLOCK)
+def _rotate_heads(x_ptr, head_stride, n_heads, first_head, cos, sin, pair_mask, rot_half,
+                  IS_NEOX: tl.constexpr, HEAD_BLOCK: tl.constexpr, HALF_BLOCK: tl.constexpr):
+    """Rotate HEAD_BLOCK heads of one token of one tensor, starting at ``first_head``."""
+    heads = first_head + tl.arange(0, HEAD_BLOCK)
     pairs = tl.arange(0, HALF_BLOCK)
-    pair_mask = pairs < rot_half
-
-    position = tl.load(positions_ptr + token)
-    cos_sin_row = cos_sin_ptr + position * cos_sin_stride
-    cos = tl.load(cos_sin_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-    sin = tl.load(cos_sin_row + rot_half + pairs, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
-
     heads_mask = (heads < n_heads)[:, None]
     head_starts = x_ptr + heads[:, None] * head_stride
-    out_ty = q_ptr.dtype.element_ty
+    out_ty = x_ptr.dtype.element_ty
     if IS_NEOX:  # rotate the two halves (x[i], x[i + rot/2]): two contiguous loads
         first = head_starts + pairs[None, :]
         second = first + rot_half
@@ -50,6 +30,37 @@ def rotary_embedding_kernel(
         x1, x2 = tl.split(tl.reshape(x, (HEAD_BLOCK, HALF_BLOCK, 2)))
         rotated = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)
         tl.store(ptrs, tl.reshape(rotated, (HEAD_BLOCK, 2 * HALF_BLOCK)).to(out_ty), mask=mask)
+
+
+@triton.jit
+def rotary_embedding_kernel(
+    positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
+    q_token_stride, q_head_stride, k_token_stride, k_head_stride, cos_sin_stride,
+    num_heads, num_kv_heads, rot_half,
+    IS_NEOX: tl.constexpr, HEAD_BLOCK: tl.constexpr, HALF_BLOCK: tl.constexpr,
+):
+    # Grid: (tokens, head blocks of q followed by head blocks of k): one launch rotates both. Each
+    # program takes one tensor in a *scalar* branch, so the tile's pointers keep the alignment and
+    # contiguity Triton needs to vectorize the loads (a per-element select would lose both), and each
+    # pointer stays derived from one kernel argument (a select between q_ptr and k_ptr crashes Triton
+    # 3.6's AMD buffer-ops pass, which pointers into storages of at most 2 GiB go through).
+    token = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
+    q_blocks = tl.cdiv(num_heads, HEAD_BLOCK)
+    pairs = tl.arange(0, HALF_BLOCK)
+    pair_mask = pairs < rot_half
+
+    position = tl.load(positions_ptr + token)
+    cos_sin_row = cos_sin_ptr + position * cos_sin_stride
+    cos = tl.load(cos_sin_row + pairs, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cos_sin_row + rot_half + pairs, mask=pair_mask, other=0.0).to(tl.float32)[None, :]
+
+    if block < q_blocks:
+        _rotate_heads(q_ptr + token * q_token_stride, q_head_stride, num_heads, block * HEAD_BLOCK, cos, sin,
+                      pair_mask, rot_half, IS_NEOX, HEAD_BLOCK, HALF_BLOCK)
+    else:
+        _rotate_heads(k_ptr + token * k_token_stride, k_head_stride, num_kv_heads, (block - q_blocks) * HEAD_BLOCK,
+                      cos, sin, pair_mask, rot_half, IS_NEOX, HEAD_BLOCK, HALF_BLOCK)
 
 
 def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
