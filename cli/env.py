@@ -7,7 +7,6 @@ import contextlib
 import functools
 import json
 import os
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -70,10 +69,11 @@ def keyed_for(command):
 
 def cmd_env(args) -> int:
     from ..jit.cache.env import fingerprint, fingerprint_id
+    from ..jit.cache.layout import write_json_atomic
 
     fp = fingerprint()
     if args.output:
-        _write_json(Path(args.output), fp)
+        write_json_atomic(Path(args.output), fp, indent=1)
     if args.json:
         print(json.dumps(fp, indent=1))
     elif args.output:
@@ -82,26 +82,6 @@ def cmd_env(args) -> int:
     else:
         print("\n".join(format_env(fp)))
     return 0
-
-
-def _write_json(path: Path, data: dict) -> None:
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def format_env(fp: dict) -> list[str]:

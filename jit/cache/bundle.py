@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import env
-from .layout import CacheError, entry_files, file_sha256, variant_lock
+from .layout import CacheError, entry_files, file_mode, file_sha256, variant_lock
 from .manifest import Manifest, files_match_record
 from .sources import PlanSources
 
@@ -162,18 +162,12 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
                         tar.addfile(info, f)
                 group = {"child_paths": {name: f"{entry_dir}/{name}" for name in names}}
                 _add_bytes(tar, f"{entry_dir}/{_group_name(entry_name)}", json.dumps(group, sort_keys=True).encode())
-        os.chmod(tmp, 0o666 & ~_umask())  # readable as a plain file would be, not mkstemp's 0600
+        os.chmod(tmp, file_mode())  # readable as a plain file would be, not mkstemp's 0600
         os.replace(tmp, out)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:

@@ -21,6 +21,8 @@ import sys
 import sysconfig
 import threading
 
+from .layout import file_sha256
+
 FINGERPRINT_FORMAT = 1
 
 # While warming for another environment (``serving.serving_environment``), the fingerprint of that
@@ -91,14 +93,6 @@ def libtriton_path() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "_C", f"libtriton.{ext}")
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @functools.lru_cache(maxsize=1)
 def hashed_sources() -> tuple[tuple[str, str], ...]:
     """``(path inside the triton package, sha256)`` of each Python file ``triton_key()`` hashes, in
@@ -113,7 +107,7 @@ def hashed_sources() -> tuple[tuple[str, str], ...]:
     for folder in ("compiler", "backends", "language"):
         for lib in pkgutil.walk_packages([os.path.join(root, folder)], prefix=f"triton.{folder}."):
             paths.append(lib.module_finder.find_spec(lib.name).origin)
-    return tuple((os.path.relpath(p, root).replace(os.sep, "/"), _sha256_file(p)) for p in paths)
+    return tuple((os.path.relpath(p, root).replace(os.sep, "/"), file_sha256(p)) for p in paths)
 
 
 def local_triton_key() -> str:
@@ -139,7 +133,7 @@ def _key_parts(key: str) -> dict[str, str]:
     digests = key[len(version):].split("-")
     sources = {digest for _, digest in hashed_sources()}
     rest = [d for d in digests if d not in sources]
-    libtriton = rest[0] if len(rest) == 1 else _sha256_file(libtriton_path())
+    libtriton = rest[0] if len(rest) == 1 else file_sha256(libtriton_path())
     return {
         "version": version,
         "key_sha256": hashlib.sha256(key.encode()).hexdigest(),

@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
-from .layout import CacheError, entry_files
+from .layout import CacheError, entry_files, file_sha256
 
 URL_ENV = "TRITONWARM_REDIS_URL"
 TIMEOUT_ENV = "TRITONWARM_REDIS_TIMEOUT"
@@ -313,14 +313,9 @@ class RedisCacheManager(FileCacheManager):
     def put_group(self, filename, group):
         path = super().put_group(filename, group)
         if self._remote is not None:
-            hashes = {name: _file_sha256(p) for name, p in group.items()}
+            hashes = {name: file_sha256(p) for name, p in group.items()}
             self._remote.call(lambda store: store.write_group(self._entry, GROUP_PREFIX + filename, hashes))
         return path
-
-
-def _file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return sha256(f.read())
 
 
 class RedisBackend(RemoteCacheBackend):
