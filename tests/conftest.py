@@ -131,3 +131,42 @@ def engine_cli():
         return args.func(args)
 
     return run
+
+
+# Small rms_norm specs many tests warm: each runtime scalar class with and without the fused residual
+# (what ``rms_norm_runtime`` launches), and one row per dtype.
+RMS_SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  num_tokens: {range: [1, 4096], collapse: true}
+  fused: [false, true]
+args:
+  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
+  weight: {tensor: [4096], dtype: bfloat16}
+  eps: 1.0e-6
+  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
+"""
+RMS_DTYPES_SPEC = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+axes:
+  dtype: [float16, bfloat16]
+args:
+  x: {tensor: [8, 4096], dtype: $dtype}
+  weight: {tensor: [4096], dtype: $dtype}
+"""
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    """``rms.yaml``: rms_norm over every class of the token count, with and without the residual."""
+    path = tmp_path / "rms.yaml"
+    path.write_text(RMS_SPEC)
+    return path
+
+
+@pytest.fixture
+def dtypes_spec_file(tmp_path):
+    """``rms.yaml``: rms_norm of 8 x 4096 in float16 and bfloat16 (two variants)."""
+    path = tmp_path / "rms.yaml"
+    path.write_text(RMS_DTYPES_SPEC)
+    return path

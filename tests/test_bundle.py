@@ -21,25 +21,6 @@ from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
-SPEC = """
-kernel: tritonwarm.launchers.rms_norm:rms_norm
-axes:
-  num_tokens: {range: [1, 4096], collapse: true}
-  fused: [false, true]
-args:
-  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
-  weight: {tensor: [4096], dtype: bfloat16}
-  eps: 1.0e-6
-  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
-"""
-
-
-@pytest.fixture
-def spec_file(tmp_path):
-    path = tmp_path / "rms.yaml"
-    path.write_text(SPEC)
-    return path
-
 
 def _bundle(out, spec_file, cache_dir, *extra):
     assert main(["bundle", "create", str(out), str(spec_file), "--target", "sm90", "--cache-dir", str(cache_dir),

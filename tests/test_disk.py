@@ -11,22 +11,10 @@ from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
-SPEC = """
-kernel: tritonwarm.launchers.rms_norm:rms_norm
-axes:
-  dtype: [float16, bfloat16]
-args:
-  x: {tensor: [8, 4096], dtype: $dtype}
-  weight: {tensor: [4096], dtype: $dtype}
-"""
-
-
-
 
 @pytest.fixture
-def warmed(tmp_path):
-    spec = tmp_path / "rms.yaml"
-    spec.write_text(SPEC)
+def warmed(tmp_path, dtypes_spec_file):
+    spec = dtypes_spec_file
     cache = tmp_path / "cache"
     warm(plan(load_specs([spec]), TARGETS["sm90"]), cache)
     return spec, cache
@@ -45,7 +33,7 @@ def test_du_counts_variants_and_bytes(run_cli, warmed):
 def test_prune_unplanned_and_other_versions(run_cli, warmed, tmp_path):
     spec, cache = warmed
     narrower = tmp_path / "fp16_only.yaml"
-    narrower.write_text(SPEC.replace("[float16, bfloat16]", "[float16]"))
+    narrower.write_text(spec.read_text().replace("[float16, bfloat16]", "[float16]"))
     dry = json.loads(run_cli("prune", narrower, "--unplanned", "--cache-dir", cache, "--dry-run", "--json",
                              rc=0).stdout)
     assert len(dry["removed"]) == 1 and len(Manifest(cache, "sm90").read()) == 2  # dry run removes nothing
@@ -78,9 +66,9 @@ def test_prune_what_a_dispatch_record_never_used(run_cli, warmed, tmp_path):
 
 
 @pytest.mark.slow
-def test_binary_only_entries_are_smaller_and_still_hit(tmp_path, compile_counter, rms_norm_runtime):
-    spec = tmp_path / "rms.yaml"
-    spec.write_text(SPEC.replace("[float16, bfloat16]", "[bfloat16]"))
+def test_binary_only_entries_are_smaller_and_still_hit(tmp_path, dtypes_spec_file, compile_counter, rms_norm_runtime):
+    spec = dtypes_spec_file
+    spec.write_text(spec.read_text().replace("[float16, bfloat16]", "[bfloat16]"))
     full, slim = tmp_path / "full", tmp_path / "slim"
     specs = load_specs([spec])
     warm(plan(specs, TARGETS["sm90"]), full)

@@ -19,21 +19,10 @@ from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
-SPEC = """
-kernel: tritonwarm.launchers.rms_norm:rms_norm
-axes:
-  dtype: [float16, bfloat16]
-args:
-  x: {tensor: [8, 4096], dtype: $dtype}
-  weight: {tensor: [4096], dtype: $dtype}
-"""
-
 
 @pytest.fixture
-def specs(tmp_path):
-    path = tmp_path / "rms.yaml"
-    path.write_text(SPEC)
-    return load_specs([path])
+def specs(dtypes_spec_file):
+    return load_specs([dtypes_spec_file])
 
 
 def test_fingerprint_is_tritons_own_key_material(monkeypatch):
@@ -141,9 +130,8 @@ def test_a_cache_warmed_under_two_environments_checks_ok_under_each(tmp_path, sp
 
 
 @pytest.mark.slow
-def test_check_names_the_difference_on_the_command_line(tmp_path, monkeypatch, capsys):
-    spec = tmp_path / "rms.yaml"
-    spec.write_text(SPEC)
+def test_check_names_the_difference_on_the_command_line(tmp_path, dtypes_spec_file, monkeypatch, capsys):
+    spec = dtypes_spec_file
     cache = tmp_path / "cache"
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--jobs", "1"]) == 0

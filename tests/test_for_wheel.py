@@ -21,17 +21,6 @@ from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
-SPEC = """
-kernel: tritonwarm.launchers.rms_norm:rms_norm
-axes:
-  num_tokens: {range: [1, 4096], collapse: true}
-  fused: [false, true]
-args:
-  x: {tensor: [$num_tokens, 4096], dtype: bfloat16}
-  weight: {tensor: [4096], dtype: bfloat16}
-  eps: 1.0e-6
-  residual: {tensor: [$num_tokens, 4096], dtype: bfloat16, when: $fused}
-"""
 SERVING_LIBTRITON = b"\x7fELF libtriton of another Python's wheel"
 
 
@@ -75,13 +64,6 @@ def env_json(tmp_path, serving_key):
     fp["env"] = {"TRITON_DEFAULT_FP_FUSION": "false"}
     path = tmp_path / "serving.json"
     path.write_text(json.dumps(fp))
-    return path
-
-
-@pytest.fixture
-def spec_file(tmp_path):
-    path = tmp_path / "rms.yaml"
-    path.write_text(SPEC)
     return path
 
 

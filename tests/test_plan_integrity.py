@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from tritonwarm.jit import TARGETS
@@ -15,15 +14,6 @@ from tritonwarm.jit.cache import Manifest, PlanStore
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
-
-RMS_SPEC = """
-kernel: tritonwarm.launchers.rms_norm:rms_norm
-axes:
-  dtype: [float16, bfloat16]
-args:
-  x: {tensor: [8, 4096], dtype: $dtype}
-  weight: {tensor: [4096], dtype: $dtype}
-"""
 
 KERNEL_MODULE = """
 import triton
@@ -97,9 +87,8 @@ def test_editing_a_kernel_in_another_module_recompiles_it(custom_kernel, tmp_pat
     tritonwarm("check", spec, "--target", "sm90", "--cache-dir", cache, env=env)
 
 
-def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path):
-    spec_file = tmp_path / "rms.yaml"
-    spec_file.write_text(RMS_SPEC)
+def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path, dtypes_spec_file):
+    spec_file = dtypes_spec_file
     specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"
     traced = plan(specs, target, cache_dir=cache)
     [stored] = (cache / "tritonwarm" / "plans").glob("*.json")
@@ -111,11 +100,10 @@ def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path):
     assert set(again.variants) == set(traced.variants) and len(traced.variants) == 2
 
 
-def test_a_stored_plan_is_traced_again_when_a_kernel_source_key_changed(tmp_path, monkeypatch):
+def test_a_stored_plan_is_traced_again_when_a_kernel_source_key_changed(tmp_path, dtypes_spec_file, monkeypatch):
     from tritonwarm.jit import plan as planning
 
-    spec_file = tmp_path / "rms.yaml"
-    spec_file.write_text(RMS_SPEC)
+    spec_file = dtypes_spec_file
     specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"
     plan(specs, target, cache_dir=cache)
     [stored] = (cache / "tritonwarm" / "plans").glob("*.json")
@@ -153,9 +141,9 @@ def test_prune_unplanned_keeps_what_an_engine_config_warmed(custom_kernel, tmp_p
 
 
 @pytest.mark.slow
-def test_manifest_and_plans_follow_the_umask(tmp_path):
-    spec_file = tmp_path / "rms.yaml"
-    spec_file.write_text(textwrap.dedent(RMS_SPEC).replace("[float16, bfloat16]", "[float16]"))
+def test_manifest_and_plans_follow_the_umask(tmp_path, dtypes_spec_file):
+    spec_file = dtypes_spec_file
+    spec_file.write_text(spec_file.read_text().replace("[float16, bfloat16]", "[float16]"))
     cache = tmp_path / "cache"
     previous = os.umask(0o022)
     try:
