@@ -84,7 +84,8 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         recorded = manifest.read()
     version, env = triton_version(), cache_env()
     fingerprint = current_fingerprint()  # the serving environment's under --for
-    environments = {fingerprint_id(fingerprint): fingerprint}
+    environment = fingerprint_id(fingerprint)
+    environments = {environment: fingerprint}
     variants, warmed = list(the_plan.variants.values()), []
     outcomes = _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool)
     for variant, outcome in outcomes:
@@ -107,7 +108,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         result.verified += status == "verified"
         if details is not None:
             entry = _manifest_entry(variant, details, version, env)
-            entry["environment"] = fingerprint_id(fingerprint)
+            entry["environment"] = environment
             manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
             progress(variant, status)
@@ -136,7 +137,7 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
             yield variant, e
             continue
         if files and previous is not None and files_match_record(files, previous):
-            fresh = previous is None or not set(variant.rows) <= set(previous.get("rows", []))
+            fresh = not set(variant.rows) <= set(previous.get("rows", []))  # rows the record lacks
             yield variant, ("cached", _details(target, files, None) if fresh else None)
         else:
             todo.append(variant)
