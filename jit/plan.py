@@ -85,13 +85,12 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
             key = store.key(spec, target, verify_collapse) if store else None
             sources[target.name].add(str(Path(spec.file).resolve()))
             partial = stored_plan(store, key, target) if store else None
-            if partial is None and pool is not None:
+            if partial is not None:
+                key = None  # read back from the store: nothing to save
+            elif pool is not None:
                 partial = pool.submit(_plan_spec_in_worker, str(spec.file), spec.index, target.name, verify_collapse)
-            elif partial is None:
+            else:
                 partial = _plan_spec(spec, target, verify_collapse)
-                if store:
-                    store.save(key, partial.to_json(), kernel_source_keys(partial))
-                key = None  # saved
             parts[(target.name, i)] = (partial, key)
     plans = {}
     for target in targets:
@@ -101,8 +100,8 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
             partial, key = parts.get((target.name, i), (None, None))
             if isinstance(partial, Future):
                 partial = Plan.from_json(target, partial.result())
-                if store:
-                    store.save(key, partial.to_json(), kernel_source_keys(partial))
+            if key is not None:  # traced just now: remember it
+                store.save(key, partial.to_json(), kernel_source_keys(partial))
             if partial is not None:
                 result.merge(partial)
         plans[target.name] = result
