@@ -28,3 +28,10 @@ def table(title: str, header: list[str], rows: list[list], command: str) -> None
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+def save_json(path: str | None, data) -> None:
+    """Write a benchmark's figures as JSON (``--json PATH``); nothing when no path was given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, default=str)

@@ -27,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import save_json, table  # noqa: E402
 
 
 def sized_config(base, concurrency: int, prompt: int, max_tokens: int):
@@ -83,6 +83,7 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32 if gpu else 4)
+    p.add_argument("--json", metavar="PATH", help="also write every figure here")
     args = p.parse_args()
     from tritonwarm.engine.config import load_engine_config
 
@@ -92,7 +93,7 @@ def main() -> None:
         runs = [("triton, CUDA graphs", "triton", True), ("triton, eager", "triton", False)]
     else:
         runs = [("triton (interpreter)", "triton", True), ("reference (PyTorch)", "reference", True)]
-    rows = []
+    rows, figures = [], []
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         config = sized_config(base, concurrency, args.prompt, args.max_tokens)
         results = []
@@ -102,6 +103,7 @@ def main() -> None:
                                            warm=gpu)))
         baseline = results[-1][1]["tokens_per_s"]
         for label, r in results:
+            figures.append({"requests": concurrency, "engine": label, **r})
             rows.append([concurrency, label, f"{r['tokens_per_s']:.1f}", f"{r['decode_ms']:.2f}", r["steps"],
                          f"{r['tokens_per_s'] / baseline:.2f}x"])
     where = torch.cuda.get_device_name() if gpu else "CPU, no GPU: Triton's interpreter"
@@ -109,6 +111,7 @@ def main() -> None:
           ["requests", "engine", "tokens/s", "ms per decode step (median)", "steps", f"vs {runs[-1][0]}"],
           rows, f"python bench/engine_throughput.py --config {args.config} --concurrency {args.concurrency} "
                 f"--prompt {args.prompt} --max-tokens {args.max_tokens}")
+    save_json(args.json, {"config": args.config, "where": where, "runs": figures})
 
 
 if __name__ == "__main__":

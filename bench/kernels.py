@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import save_json, table  # noqa: E402
 
 
 @dataclass
@@ -193,6 +193,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peers")
+    p.add_argument("--json", metavar="PATH", help="also write every figure here")
     args = p.parse_args()
     if not torch.cuda.is_available():
         run_on_cpu()
@@ -202,9 +203,14 @@ def main() -> None:
     big = torch.empty(1 << 28, device="cuda", dtype=torch.uint8)
     copy_ms = do_bench(lambda: big.clone())
     copy_gbs = 2 * big.nbytes / copy_ms / 1e6
-    rows = []
+    rows, figures = [], {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "cases": {}}
     for case in cases(args.tokens, "cuda", small=False):
-        ours_ms = do_bench(case.ours)
+        try:
+            ours_ms = do_bench(case.ours)
+        except Exception as e:  # one broken case must not hide the others' figures
+            print(f"  {case.name}: FAILED: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+            rows.append([case.name, "FAILED", "-", "-", "-", "-", "-"])
+            continue
         peers = dict(case.peers)
         if not args.no_compile:
             peers.update({name: torch.compile(fn, dynamic=False) for name, fn in case.compiled.items()})
@@ -216,12 +222,15 @@ def main() -> None:
                 print(f"  {case.name}: peer {name} skipped: {type(e).__name__}: {str(e)[:100]}", file=sys.stderr)
         best = min(timings, key=timings.get) if timings else None
         gbs = case.nbytes / ours_ms / 1e6
+        figures["cases"][case.name] = {"ours_us": ours_ms * 1000, "gbs": gbs, "of_copy": gbs / copy_gbs,
+                                       "peers_us": {k: v * 1000 for k, v in timings.items()}}
         rows.append([case.name, f"{ours_ms * 1000:.1f}", best or "-",
                      f"{timings[best] * 1000:.1f}" if best else "-",
                      f"{timings[best] / ours_ms:.2f}x" if best else "-", f"{gbs:.0f}", f"{gbs / copy_gbs:.0%}"])
     table(f"Kernels on {torch.cuda.get_device_name()} (device copy: {copy_gbs:.0f} GB/s)",
           ["case", "tritonwarm µs", "strongest peer", "peer µs", "peer / ours", "GB/s", "of copy bandwidth"],
           rows, f"python bench/kernels.py --tokens {args.tokens}{' --no-compile' if args.no_compile else ''}")
+    save_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the project in one go, each step under its own time limit, its full log
+# and JSON figures written to OUTDIR, the last lines of each log printed:
+#
+#     bash bench/gpu_all.sh OUTDIR [STEP ...]
+#
+# Steps (default: all, in this order): env warm kernels attention fp4 align moe dispatch engine
+# throughput. A failing step prints its exit status and the run goes on. The warm step fills the
+# cache (every shipped spec and both engine configs) first, so the later steps time kernels, not
+# compiles; the engine step then serves with --jit-policy error.
+set -u
+out=${1:?usage: bash bench/gpu_all.sh OUTDIR [STEP ...]}
+shift
+mkdir -p "$out"
+bench=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(env warm kernels attention fp4 align moe dispatch engine throughput)
+export PYTHONUNBUFFERED=1
+
+run() {  # run NAME LIMIT_S CMD...: log to OUTDIR/NAME.log, print its tail and status
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc, $((SECONDS - start)) s"
+    tail -n "${TAIL:-25}" "$out/$name.log"
+}
+
+for step in "${steps[@]}"; do
+    case $step in
+    env)
+        run env 60 bash -c "nvidia-smi; $py -c 'import sys, torch, triton; print(sys.version); \
+print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; \
+$py -m tritonwarm env --json -o '$out/env.json'" ;;
+    warm)
+        run warm 240 $py -m tritonwarm warmup "$bench/../warmup_specs" --target local -j "$(nproc)"
+        for config in tiny deepseek-v2-lite; do
+            run "warm_$config" 180 $py -m tritonwarm warmup --engine-config "$config" --target local -j "$(nproc)"
+        done
+        run check 120 $py -m tritonwarm check "$bench/../warmup_specs" --target local ;;
+    kernels)
+        run kernels 240 $py "$bench/kernels.py" --json "$out/kernels.json" ${KERNELS_FLAGS:-} ;;
+    attention)
+        run attention 120 $py "$bench/attention_tiles.py" --json "$out/attention.json" ;;
+    fp4)
+        run fp4 90 $py "$bench/fp4_variants.py" --json "$out/fp4.json" ;;
+    align)
+        run align 90 $py "$bench/moe_align_variants.py" --json "$out/align.json" ;;
+    moe)
+        run moe 120 $py "$bench/fused_moe_tiles.py" --json "$out/moe.json" ;;
+    dispatch)
+        run dispatch 120 $py "$bench/dispatch.py" --gpu --calls 5000 --repeat 3 --json "$out/dispatch.json" ;;
+    engine)
+        run engine_tiny 180 $py "$bench/engine_modes.py" --config tiny --requests 4 --max-tokens 8 \
+            --jit-policy error --json "$out/engine_tiny.json"
+        run engine_lite 300 $py "$bench/engine_modes.py" --config deepseek-v2-lite --requests 4 \
+            --max-tokens 8 --jit-policy error --json "$out/engine_lite.json" ;;
+    throughput)
+        run throughput 300 $py "$bench/engine_throughput.py" --concurrency 1,16,64 --max-tokens 16 \
+            --json "$out/throughput.json" ;;
+    *)
+        echo "unknown step $step" ;;
+    esac
+done
