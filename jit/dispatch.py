@@ -112,3 +112,83 @@ class FastDispatch:
         signature = self.signature(launch, device)
         entry = self.cache.get((device, signature)) if signature else None
         return entry[0] if entry else None
+
+
+def _input_keyer(types: tuple, hip: bool = False) -> Any:
+    """Straight-line code computing everything a memoizable launch spec may read from its inputs.
+
+    A tensor contributes its dtype, shape, strides, whether it is on the CPU (the interpreter's
+    cue), its 16-byte alignment and, on HIP, its buffer-ops storage class; a scalar its exact value.
+    That covers Triton's specialization of the tensors themselves, and every launch argument the spec
+    derives from them is fixed by the key. Returns None for an input type not handled here.
+    """
+    terms = []
+    for i, kind in enumerate(types):
+        a = f"a[{i}]"
+        if issubclass(kind, torch.Tensor):
+            terms += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.is_cpu", f"{a}.data_ptr() & 15"]
+            if hip:
+                terms.append(f"{a}.untyped_storage().size() <= {_I32_MAX}")
+        elif kind in (int, float, bool, str, type(None)):
+            terms.append(a)
+        else:
+            return None
+    namespace: dict = {}
+    exec(f"def key(a):\n    return ({', '.join(terms)}{',' if terms else ''})", namespace)  # noqa: S102
+    return namespace["key"]
+
+
+class LaunchMemo:
+    """``input key → bound launch`` for a launch spec that depends only on its inputs' metadata.
+
+    The first call with a key runs the spec and launches through ``FastDispatch`` (Triton's own
+    path the first time of a signature); once that has the compiled kernel, the memo keeps the
+    kernel, the grid, and where each launch argument comes from: an input (tensors, by identity)
+    or a constant the spec computed. Every later call with the same key is one key computation,
+    one dict lookup and the driver launch: no spec, no ``Launch``, no signature. The kernel is the
+    one the fast path (and so Triton) chose for the first call's signature, which the key fixes.
+    """
+
+    def __init__(self, fast: FastDispatch):
+        self.fast = fast
+        self.keyers: dict[tuple, Any] = {}
+        self.entries: dict[Any, Any] = {}
+
+    def key(self, inputs: tuple, device) -> Any:
+        hip = self.fast.hip_devices.get(device)
+        if hip is None:
+            hip = self.fast.hip_devices[device] = driver.active.get_current_target().backend == "hip"
+        types = tuple(map(type, inputs))
+        keyer = self.keyers.get((types, hip), _MISSING)
+        if keyer is _MISSING:
+            keyer = self.keyers[(types, hip)] = _input_keyer(types, hip)
+        return None if keyer is None else (device, types, keyer(inputs))
+
+    def remember(self, key, inputs: tuple, launch) -> None:
+        """After ``launch`` went through the fast path: bind it to ``key`` if it can be replayed."""
+        grid = launch.grid
+        if callable(grid) or not self.fast.enabled:
+            return
+        device = key[0]
+        signature = self.fast.signature(launch, device)
+        entry = self.fast.cache.get((device, signature)) if signature is not None else None
+        if entry is None:
+            return
+        kernel, constants = entry
+        ids = {id(x): i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)}
+        sources = []
+        for value in launch.args:
+            if isinstance(value, torch.Tensor):
+                if id(value) not in ids:
+                    return  # a tensor the spec made (a view, a buffer): not replayable from the inputs
+                sources.append(f"a[{ids[id(value)]}]")
+            else:
+                sources.append(f"c[{len(sources)}]")
+        size = len(grid)
+        dims = (grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1)
+        namespace: dict = {"c": tuple(launch.args), "k": kernel, "constants": constants, "g": dims}
+        exec("def replay(a, stream):\n"  # noqa: S102
+             "    k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata, None, None, None, "
+             f"{''.join(s + ', ' for s in sources)}*constants)\n"
+             "    return k", namespace)
+        self.entries[key] = namespace["replay"]

@@ -22,14 +22,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from triton import knobs
+from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from .dispatch import FastDispatch
+from .dispatch import FastDispatch, LaunchMemo
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
 
 # TRITONWARM_FAST_DISPATCH=0 sends every launch through Triton's own JITFunction.run.
 FAST_DISPATCH = os.environ.get("TRITONWARM_FAST_DISPATCH", "1") != "0"
+# Triton reads TRITON_INTERPRET when ``@triton.jit`` runs; read here once too (an environment lookup
+# per launch costs more than the rest of a memoized launch).
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class Launch:
@@ -108,7 +113,11 @@ class JitKernel:
     _registry: weakref.WeakValueDictionary[str, JitKernel] = weakref.WeakValueDictionary()
     _registry_lock = threading.Lock()
 
-    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None):
+    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None, memoize: bool = False):
+        """``memoize``: the launch spec reads nothing but its inputs' dtypes, shapes, strides, devices
+        and scalar values (no data, no data pointer beyond alignment, no global state), and passes
+        input tensors to the kernel as they are; its launch is then bound once per input key
+        (``dispatch.LaunchMemo``) and later calls skip the spec."""
         from .thirdparty.autotune import base_jit_function, is_stack
 
         # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
@@ -132,6 +141,7 @@ class JitKernel:
             )
         self._interpreted = None
         self.fast = FastDispatch(self.jit_function) if self.stack is None else None
+        self.memo = LaunchMemo(self.fast) if memoize and self.fast is not None and FAST_DISPATCH else None
         with self._registry_lock:
             self._registry[self.name] = self
 
@@ -160,6 +170,10 @@ class JitKernel:
 
     def __call__(self, *inputs, **kw_inputs):
         """Run the launch spec, then launch (or, inside ``fake_launches``, hand it to the sink)."""
+        if self.memo is not None and not kw_inputs and _fake_mode.get() is None:
+            done, result = self._memoized_call(inputs)
+            if done:
+                return result
         launch = self.launch_spec(*inputs, **kw_inputs)
         if launch is None:  # the spec decided there is nothing to do (e.g. zero rows)
             return None
@@ -168,6 +182,35 @@ class JitKernel:
             sink, target = mode
             return sink.launch(self, launch, target)
         return self.launch(launch)
+
+    def _memoized_call(self, inputs: tuple) -> tuple[bool, Any]:
+        """A real launch through the memo: (True, result), or (False, None) to take the plain path
+        (launch hooks, the interpreter, no driver, an input the memo does not key)."""
+        hooks = knobs.runtime.launch_enter_hook
+        if _INTERPRET or getattr(hooks, "calls", hooks):
+            return False, None
+        memo = self.memo
+        try:
+            active = driver.active
+            device = active.get_current_device()
+            key = memo.key(inputs, device)
+            replay = memo.entries.get(key) if key is not None else None
+        except (RuntimeError, TypeError):  # no driver here (CPU tensors: the interpreter); an unhashable input
+            return False, None
+        if replay is not None:
+            observer = launch_observer.get()
+            if observer is not None:
+                observer.count_launch(self)
+            return True, replay(inputs, active.get_current_stream(device))
+        if key is None:
+            return False, None
+        launch = self.launch_spec(*inputs)
+        if launch is None:
+            return True, None
+        kernel = self.launch(launch)
+        if not _wants_interpreter(launch.args):
+            memo.remember(key, inputs, launch)
+        return True, kernel
 
     def launch(self, launch: Launch):
         """Launch ``launch`` for real: the GPU, or Triton's interpreter for CPU tensors."""
@@ -218,11 +261,11 @@ def _interpreted_base(kernel):
 
 
 def _wants_interpreter(args) -> bool:
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if _INTERPRET:
         return True
     for arg in args:
         if isinstance(arg, torch.Tensor):
-            return arg.device.type == "cpu"
+            return arg.is_cpu
     return False
 
 

@@ -30,7 +30,7 @@ def silu_and_mul_launch(x: torch.Tensor, out: torch.Tensor) -> Launch | None:
     )
 
 
-silu_and_mul_jit = JitKernel(silu_and_mul_kernel, silu_and_mul_launch)
+silu_and_mul_jit = JitKernel(silu_and_mul_kernel, silu_and_mul_launch, memoize=True)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, ep
     )
 
 
-rms_norm_jit = JitKernel(rms_norm_kernel, rms_norm_launch)
+rms_norm_jit = JitKernel(rms_norm_kernel, rms_norm_launch, memoize=True)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):

@@ -126,3 +126,83 @@ def test_hip_storages_over_2gib_are_another_class(compile_cache_dir):
         stub(kernels[1])
         assert rms_norm_jit.fast.launch(launches[1]) is kernels[1]
         assert rms_norm_jit.fast.chosen_kernel(launches[1]) is kernels[1]
+
+
+class _Counter:
+    def __init__(self):
+        self.launches = 0
+
+    def count_launch(self, kernel):
+        self.launches += 1
+
+
+@pytest.mark.slow
+def test_memo_replays_the_kernel_triton_picks_per_input_key(compile_cache_dir, monkeypatch):
+    """A memoized launch is bound once per input key (alignment and scalars included) to the kernel
+    Triton's own path picked, and replays it with the same arguments Triton passed."""
+    from tritonwarm.jit import JitKernel
+    from tritonwarm.jit import kernel as kernel_module
+    from tritonwarm.kernels.rms_norm import rms_norm_kernel
+    from tritonwarm.launchers.rms_norm import rms_norm_launch
+
+    monkeypatch.setattr(kernel_module, "_wants_interpreter", lambda args: False)  # CPU tensors, stubbed launch
+    memoized = JitKernel(rms_norm_kernel, rms_norm_launch, name="test.memo.rms_norm", memoize=True)
+    w = torch.randn(64)
+    aligned = torch.randn(4, 64)
+    unaligned = torch.randn(4 * 64 + 1)[1:].view(4, 64)
+    counter = _Counter()
+    token = kernel_module.launch_observer.set(counter)
+    try:
+        with target_driver(TARGETS["sm90"]), triton_cache_dir(compile_cache_dir):
+            hashes = []
+            for x in (aligned, unaligned):
+                out = torch.empty_like(aligned)
+                launch = rms_norm_launch(x, w, out, 1e-6)
+                expected = memoized.jit_function.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+                calls = stub(expected)
+                entries = len(memoized.memo.entries)
+                assert memoized(x, w, out, 1e-6) is expected  # first: the spec, then Triton's path
+                assert len(memoized.memo.entries) == entries + 1
+                assert memoized(x, w, out, 1e-6) is expected  # then the bound launch
+                assert memoized(x, w, out, 1e-5) is expected  # another eps: another key, same kernel
+                assert len(calls) == 3
+                assert calls[0][:3] == calls[1][:3] and calls[0][9:] == calls[1][9:]
+                assert calls[2][9:] == calls[0][9:][:8] + (1e-5,) + calls[0][9:][9:]  # eps is the 9th argument
+                hashes.append(expected.hash)
+            assert hashes[0] != hashes[1]  # the alignment class picked another kernel, and the memo followed
+    finally:
+        kernel_module.launch_observer.reset(token)
+    assert counter.launches == 6
+
+
+@pytest.mark.slow
+def test_memo_leaves_alone_a_spec_that_makes_its_own_tensors(compile_cache_dir, monkeypatch):
+    from tritonwarm.jit import JitKernel
+    from tritonwarm.jit import kernel as kernel_module
+    from tritonwarm.kernels.rms_norm import rms_norm_kernel
+    from tritonwarm.launchers.rms_norm import rms_norm_launch
+
+    monkeypatch.setattr(kernel_module, "_wants_interpreter", lambda args: False)
+    viewing = JitKernel(rms_norm_kernel, lambda x, w, out, eps: rms_norm_launch(x[:, :], w, out, eps),
+                        name="test.memo.view", memoize=True)
+    x, w = torch.randn(4, 64), torch.randn(64)
+    out = torch.empty_like(x)
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(compile_cache_dir):
+        launch = rms_norm_launch(x, w, out, 1e-6)
+        expected = viewing.jit_function.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+        calls = stub(expected)
+        assert viewing(x, w, out, 1e-6) is expected and viewing(x, w, out, 1e-6) is expected
+    assert not viewing.memo.entries and len(calls) == 2  # launched both times, never bound
+
+
+def test_memo_keys_every_input_a_spec_may_read():
+    from tritonwarm.jit.dispatch import _input_keyer
+
+    x = torch.randn(4, 64)
+    key = _input_keyer((torch.Tensor, float, type(None)))
+    base = key((x, 1e-6, None))
+    assert key((x.clone(), 1e-6, None)) == base  # same metadata: same key
+    for other in (x.double(), x[:2], x.t(), torch.randn(4 * 64 + 1)[1:].view(4, 64)):
+        assert key((other, 1e-6, None)) != base  # dtype, shape, strides, alignment
+    assert key((x, 1e-5, None)) != base
+    assert _input_keyer((torch.Tensor, list)) is None  # not keyed: the plain path
