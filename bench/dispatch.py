@@ -43,6 +43,7 @@ from tritonwarm.jit import kernel as kernel_module  # noqa: E402
 from tritonwarm.jit.compile import triton_cache_dir  # noqa: E402
 from tritonwarm.jit.targets import target_driver  # noqa: E402
 
+CHECKED = ("launchers.rms_norm", "torch.ops.tritonwarm.rms_norm", "same op via torch.library.custom_op")
 HIDDEN, INTER = 2048, 1408  # one decode token of DeepSeek-V2-Lite: hidden size, expert intermediate size
 
 
@@ -151,6 +152,29 @@ def _custom_op_twin(name: str, fn, fake):
     return getattr(torch.ops.tritonwarm_bench, name)
 
 
+def _do_nothing_ops():
+    """Two ops whose Python kernel only allocates the output: what the dispatcher itself costs around
+    a Python kernel on this device, registered as the library's ops are, and with the autograd and
+    in-place-or-view layers falling through (a candidate registration)."""
+    lib = torch.library.Library("tritonwarm_bench_empty", "DEF")
+    schema = "(Tensor x, Tensor weight, float eps, Tensor(a!)? residual) -> Tensor"
+
+    def empty(x, weight, eps, residual):
+        return torch.empty_like(x)
+
+    lib.define("composite" + schema)
+    lib.impl("composite", empty, "CompositeExplicitAutograd")
+    lib.define("fallthrough" + schema)
+    lib.impl("fallthrough", empty, "CompositeExplicitAutograd")
+    for key in ("Autograd", "ADInplaceOrView"):
+        lib.impl("fallthrough", torch.library.fallthrough_kernel, key)
+    ops = torch.ops.tritonwarm_bench_empty
+    return lib, ops.composite.default, ops.fallthrough.default
+
+
+_KEEP: list = []  # libraries stay alive as long as their ops are timed
+
+
 def host_cases(gpu: bool):
     """Per case: (name, eager baseline name, eager call, inputs to stub, [(path, call, output check or None)])."""
     import importlib
@@ -179,18 +203,29 @@ def host_cases(gpu: bool):
     def checked(fn, ref):
         return lambda: close(fn(), ref, "output")
 
-    def jit_call_check():
-        out.fill_(0.5)
-        norm.rms_norm_jit(x, w, out, 1e-6)
-        close(out, norm_ref, "out")
+    # the same kernel and spec without the launch memo: the spec, a Launch and the signature on every call
+    plain = JitKernel(norm.rms_norm_jit.jit_function, norm.rms_norm_launch, name="bench.rms_norm.plain")
+
+    def jit_call_check(jit_kernel):
+        def check():
+            out.fill_(0.5)
+            jit_kernel(x, w, out, 1e-6)
+            close(out, norm_ref, "out")
+        return check
 
     norm_twin = _custom_op_twin("rms_norm", norm_fn, lambda x, weight, eps: torch.empty_like(x))
     silu_twin = _custom_op_twin("silu_and_mul", silu_fn, lambda x: x.new_empty(x.shape[0], x.shape[1] // 2))
     norm_op, silu_op = torch.ops.tritonwarm.rms_norm, torch.ops.tritonwarm.silu_and_mul
+    lib, composite, fallthrough = _do_nothing_ops()
+    _KEEP.append(lib)
     norm_paths = [
         ("torch.empty_like", lambda: torch.empty_like(x), None),
+        ("op, Python kernel = empty_like only", lambda: composite(x, w, 1e-6, None), None),
+        ("same, autograd layers fall through", lambda: fallthrough(x, w, 1e-6, None), None),
         ("launch spec", lambda: norm.rms_norm_launch(x, w, out, 1e-6), None),
-        ("JitKernel call", lambda: norm.rms_norm_jit(x, w, out, 1e-6), jit_call_check),
+        ("JitKernel call, no launch memo", lambda: plain(x, w, out, 1e-6), jit_call_check(plain)),
+        ("JitKernel call (memoized launch)", lambda: norm.rms_norm_jit(x, w, out, 1e-6),
+         jit_call_check(norm.rms_norm_jit)),
         ("launchers.rms_norm", lambda: norm.rms_norm(x, w, 1e-6), None),
         ("torch.ops.tritonwarm.rms_norm", lambda: norm_op(x, w, 1e-6, None), None),
         ("same op via torch.library.custom_op", lambda: norm_twin(x, w, 1e-6), None),
@@ -201,10 +236,11 @@ def host_cases(gpu: bool):
         ("same op via torch.library.custom_op", lambda: silu_twin(g), None),
     ]
     # a path that returns its output is checked on what it returns
-    norm_paths = [(p, fn, check or (checked(fn, norm_ref) if p not in ("torch.empty_like", "launch spec") else None))
+    norm_paths = [(p, fn, check or (checked(fn, norm_ref) if p in CHECKED else None))
                   for p, fn, check in norm_paths]
     silu_paths = [(p, fn, check or checked(fn, silu_ref)) for p, fn, check in silu_paths]
-    stubs = [(norm.rms_norm_jit, (x, w, out, 1e-6)), (act.silu_and_mul_jit, (g, g.new_empty(1, INTER)))]
+    stubs = [(norm.rms_norm_jit, (x, w, out, 1e-6)), (plain, (x, w, out, 1e-6)),
+             (act.silu_and_mul_jit, (g, g.new_empty(1, INTER)))]
     return [
         (f"rms_norm 1x{HIDDEN} bf16", "F.rms_norm", lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6),
          checked(lambda: F.rms_norm(x, (HIDDEN,), w, 1e-6), norm_ref), norm_paths),
