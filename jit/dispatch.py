@@ -12,6 +12,7 @@ test checks on every kernel of the library that both paths pick the same compile
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from triton.runtime.driver import driver
 
 _I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
 _MISSING = object()
+MEMO_ENTRIES = 4096  # bound launches kept per kernel
 
 
 def _classifier(types: tuple, flags: list, hip: bool = False) -> Any:
@@ -153,6 +155,7 @@ class LaunchMemo:
         self.fast = fast
         self.keyers: dict[tuple, Any] = {}
         self.entries: dict[Any, Any] = {}
+        self.replays: dict[tuple, Any] = {}
 
     def key(self, inputs: tuple, device) -> Any:
         hip = self.fast.hip_devices.get(device)
@@ -186,9 +189,17 @@ class LaunchMemo:
                 sources.append(f"c[{len(sources)}]")
         size = len(grid)
         dims = (grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1)
-        namespace: dict = {"c": tuple(launch.args), "k": kernel, "constants": constants, "g": dims}
-        exec("def replay(a, stream):\n"  # noqa: S102
-             "    k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata, None, None, None, "
-             f"{''.join(s + ', ' for s in sources)}*constants)\n"
-             "    return k", namespace)
-        self.entries[key] = namespace["replay"]
+        pattern = tuple(sources)
+        replay = self.replays.get(pattern)
+        if replay is None:  # generated once per argument pattern, shared by every key with that pattern
+            namespace: dict = {}
+            exec("def replay(k, g, c, constants, a, stream):\n"  # noqa: S102
+                 "    k.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata, None, None, None, "
+                 f"{''.join(s + ', ' for s in sources)}*constants)\n"
+                 "    return k", namespace)
+            replay = self.replays[pattern] = namespace["replay"]
+        if len(self.entries) >= MEMO_ENTRIES:  # many shapes (prefill token counts): start over, stay bounded
+            self.entries.clear()
+        # constants only: holding the first call's tensors would keep their memory alive
+        held = tuple(None if isinstance(v, torch.Tensor) else v for v in launch.args)
+        self.entries[key] = functools.partial(replay, kernel, dims, held, constants)

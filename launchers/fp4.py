@@ -58,10 +58,10 @@ def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:
                         (packed, scales, global_scale, out, packed.stride(0), scales.stride(0), out.stride(0)))
 
 
-mxfp4_quantize_jit = JitKernel(mxfp4_quantize_kernel, mxfp4_quantize_launch)
-mxfp4_dequantize_jit = JitKernel(mxfp4_dequantize_kernel, mxfp4_dequantize_launch)
-nvfp4_quantize_jit = JitKernel(nvfp4_quantize_kernel, nvfp4_quantize_launch)
-nvfp4_dequantize_jit = JitKernel(nvfp4_dequantize_kernel, nvfp4_dequantize_launch)
+mxfp4_quantize_jit = JitKernel(mxfp4_quantize_kernel, mxfp4_quantize_launch, memoize=True)
+mxfp4_dequantize_jit = JitKernel(mxfp4_dequantize_kernel, mxfp4_dequantize_launch, memoize=True)
+nvfp4_quantize_jit = JitKernel(nvfp4_quantize_kernel, nvfp4_quantize_launch, memoize=True)
+nvfp4_dequantize_jit = JitKernel(nvfp4_dequantize_kernel, nvfp4_dequantize_launch, memoize=True)
 
 
 # --------------------------------------------------------------------------- shape checks

@@ -44,7 +44,7 @@ def _blocks_contiguous(kv_cache: torch.Tensor) -> bool:
     return True
 
 
-kv_block_zero_jit = JitKernel(kv_block_zero_kernel, kv_block_zero_launch)
+kv_block_zero_jit = JitKernel(kv_block_zero_kernel, kv_block_zero_launch, memoize=True)
 
 
 def kv_block_zero(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> None:

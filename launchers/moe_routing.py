@@ -41,7 +41,7 @@ def moe_topk_routing_launch(router_logits: torch.Tensor, topk_weights: torch.Ten
     )
 
 
-moe_topk_routing_jit = JitKernel(moe_topk_routing_kernel, moe_topk_routing_launch)
+moe_topk_routing_jit = JitKernel(moe_topk_routing_kernel, moe_topk_routing_launch, memoize=True)
 
 
 def moe_topk_routing(router_logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = True,

@@ -34,7 +34,7 @@ def rotary_embedding_launch(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     )
 
 
-rotary_embedding_jit = JitKernel(rotary_embedding_kernel, rotary_embedding_launch)
+rotary_embedding_jit = JitKernel(rotary_embedding_kernel, rotary_embedding_launch, memoize=True)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

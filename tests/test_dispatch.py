@@ -173,6 +173,8 @@ def test_memo_replays_the_kernel_triton_picks_per_input_key(compile_cache_dir, m
     finally:
         kernel_module.launch_observer.reset(token)
     assert counter.launches == 6
+    held = [value for replay in memoized.memo.entries.values() for value in replay.args[2]]
+    assert not any(isinstance(value, torch.Tensor) for value in held)  # no tensor kept alive by the memo
 
 
 @pytest.mark.slow
