@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -36,7 +35,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import save_json, table  # noqa: E402
 from _dispatch_kernels import args5_kernel, args20_kernel  # noqa: E402
 from tritonwarm.jit import TARGETS, JitKernel, Launch  # noqa: E402
 from tritonwarm.jit import kernel as kernel_module  # noqa: E402
@@ -344,9 +343,7 @@ def main() -> None:
         "triton": triton.__version__, "torch": torch.__version__, "python": platform.python_version(),
         "dispatch": dispatch, "host": host, "errors": errors,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    save_json(args.json, result)
     table(f"Dispatch overhead per launch, µs (Triton {triton.__version__}, {where})",
           ["kernel", "Triton kernel[grid](...)", "tritonwarm fast dispatch", "ratio", "tritonwarm incl. launch spec",
            "check"],
