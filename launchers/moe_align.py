@@ -161,6 +161,18 @@ def align_path(numel: int, num_experts: int) -> str:
     return "count_place" if num_tiles * num_experts <= PLACE_MAX_TABLE else "three_kernels"
 
 
+def path_token_counts(top_k: int, num_experts: int, max_tokens: int) -> list[int]:
+    """Token counts on either side of each change of path, up to ``max_tokens``: a plan that traces a
+    range of token counts by class representatives adds these to reach every path."""
+    counts, previous = [], align_path(top_k, num_experts)
+    for tokens in range(2, max_tokens + 1):
+        path = align_path(tokens * top_k, num_experts)
+        if path != previous:
+            counts += [tokens - 1, tokens]
+            previous = path
+    return counts
+
+
 def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int):
     """Group the routed (token, k) slots by expert, each expert padded to ``block_size`` slots.
 
