@@ -118,12 +118,16 @@ def _segments(totals, block_size):
 
 
 @triton.jit
-def _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, owned, sentinel, BLOCK_PAD: tl.constexpr):
-    # Sentinel in [starts + totals, ends) of the owned experts (fewer than block_size slots each).
-    pad = tl.arange(0, BLOCK_PAD)
-    positions = (starts + totals)[:, None] + pad[None, :]
-    tl.store(sorted_token_ids_ptr + positions, tl.zeros_like(positions) + sentinel,
-             mask=owned[:, None] & (positions < ends[:, None]))
+def _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, owned, sentinel, block_size):
+    # Sentinel in [starts + totals, ends) of the owned experts (fewer than block_size slots each), 16
+    # columns at a time: a loop over the runtime block_size, so no binary per block size.
+    pad = tl.arange(0, 16)
+    first = 0
+    while first < block_size:
+        positions = (starts + totals)[:, None] + first + pad[None, :]
+        tl.store(sorted_token_ids_ptr + positions, tl.zeros_like(positions) + sentinel,
+                 mask=owned[:, None] & (positions < ends[:, None]))
+        first += 16
 
 
 @triton.jit
@@ -153,7 +157,7 @@ def _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, lo
 def moe_align_place_kernel(
     topk_ids_ptr, tile_counts_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     numel, num_tiles, num_experts, block_size, max_padded, max_blocks,
-    TILE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_PAD: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     # One program per tile of ids (the count kernel's tiles). Every program reads the whole count
     # table: totals over all tiles, and the same-expert slots of the tiles before its own.
@@ -186,7 +190,7 @@ def moe_align_place_kernel(
     # This program's share of the rest: padding of experts e with e % programs == tile, an equal
     # slice of the tail past total_padded, an equal slice of the block experts.
     _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok & (experts % programs == tile),
-                         numel, BLOCK_PAD)
+                         numel, block_size)
     tail = (max_padded - total_padded + programs - 1) // programs
     lo = total_padded + tile * tail
     _fill_range(sorted_token_ids_ptr, lo, tl.minimum(lo + tail, max_padded), numel, TILE)
@@ -201,7 +205,7 @@ def moe_align_place_kernel(
 def moe_align_single_kernel(
     topk_ids_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     numel, num_experts, block_size, max_padded, max_blocks,
-    TILE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_PAD: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     # One program, two passes over the ids in chunks of TILE: totals, then positions with a running
     # per-expert count carried from chunk to chunk. For few ids, where one launch is the whole cost.
@@ -229,7 +233,7 @@ def moe_align_single_kernel(
         running += tl.sum(one_hot, axis=0)
         first += TILE
 
-    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok, numel, BLOCK_PAD)
+    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok, numel, block_size)
     _fill_range(sorted_token_ids_ptr, total_padded, max_padded, numel, TILE)
     _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, 0, max_blocks, TILE)
 

@@ -76,7 +76,7 @@ def moe_align_place_launch(flat_ids, tile_counts, sorted_token_ids, expert_ids, 
     return Launch(grid=(num_tiles,),
                   args=(flat_ids, tile_counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
                         numel, num_tiles, num_experts, block_size, sorted_token_ids.numel(), expert_ids.numel()),
-                  constexprs=dict(TILE=tile, BLOCK_E=block_e, BLOCK_PAD=next_power_of_2(block_size)),
+                  constexprs=dict(TILE=tile, BLOCK_E=block_e),
                   num_warps=num_warps)
 
 
@@ -87,7 +87,7 @@ def moe_align_single_launch(flat_ids, sorted_token_ids, expert_ids, num_tokens_p
     return Launch(grid=(1,),
                   args=(flat_ids, sorted_token_ids, expert_ids, num_tokens_post_padded, flat_ids.numel(),
                         num_experts, block_size, sorted_token_ids.numel(), expert_ids.numel()),
-                  constexprs=dict(TILE=tile, BLOCK_E=block_e, BLOCK_PAD=next_power_of_2(block_size)),
+                  constexprs=dict(TILE=tile, BLOCK_E=block_e),
                   num_warps=num_warps)
 
 

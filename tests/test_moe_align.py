@@ -145,12 +145,11 @@ def traced_keys(num_experts, top_k, token_counts, block_sizes=(16, 32, 64, 128))
 
 @pytest.mark.parametrize("num_experts, top_k", SPEC_MODELS)
 def test_batch_size_only_picks_the_path(num_experts, top_k):
-    # Inside a path the token count never adds a variant; the single and place kernels have one per
-    # block size (their padding-fill width), count / scan / scatter one in all.
+    # Inside a path neither the token count nor the block size adds a variant: one per kernel.
     edges = align.path_token_counts(top_k, num_experts, 16384)
     keys = traced_keys(num_experts, top_k, [*class_reps(1, 16384).values(), 17, 1000, 16384, *edges])
     paths = {align.align_path(t * top_k, num_experts) for t in (1, 16384, *edges)}
-    per_path = {"single": 4, "count_place": 1 + 4, "three_kernels": 3}
+    per_path = {"single": 1, "count_place": 2, "three_kernels": 3}
     assert len(keys) == sum(per_path[p] for p in paths)
 
 
