@@ -6,6 +6,7 @@ Per case (routed slots = tokens x top_k over num_experts experts, block_size) an
 
 - ``whole``: the full call with ``triton.testing.do_bench`` (median). On a GPU this includes the
   device idling while the host prepares the next launch, so several Python launches show up here.
+- ``host``: Python time per call, issued back to back without waiting for the device.
 - ``graph``: the same call captured ``REPEATS`` times in one CUDA graph, replay time / ``REPEATS``:
   device time only, the host cost of launching gone.
 - per stage (each kernel, and the host ``torch.full`` of the three-kernel path) alone, also
@@ -132,6 +133,17 @@ def run_on_cpu() -> None:
           "the reference in Triton's interpreter.")
 
 
+def host_time_ms(fn: Callable, calls: int = 200) -> float:
+    """Python time of one call, the device left to run behind (issue cost: the floor of ``whole``)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3 / calls
+
+
 def graph_time_ms(fn: Callable, do_bench) -> float:
     """Device time of one ``fn()``: REPEATS calls captured in one CUDA graph, replayed."""
     fn()
@@ -141,6 +153,24 @@ def graph_time_ms(fn: Callable, do_bench) -> float:
         for _ in range(REPEATS):
             fn()
     return do_bench(graph.replay, warmup=5, rep=25) / REPEATS
+
+
+def measured(label: str, measure: Callable) -> float | None:
+    try:
+        return measure()
+    except Exception as e:  # one line; the other figures of the variant stand
+        print(f"  {label}: FAILED {one_line(e)}")
+        return None
+
+
+def fmt(us: float | None) -> str:
+    return "-" if us is None else f"{us:.1f}"
+
+
+def ratio(baseline: dict | None, entry: dict, field: str) -> str:
+    if not baseline or baseline.get(field) is None or entry.get(field) is None:
+        return "-"
+    return f"{baseline[field] / entry[field]:.2f}x"
 
 
 def copy_bandwidth_gbs(do_bench) -> float:
@@ -181,36 +211,39 @@ def main() -> None:
             try:
                 if not agrees(fn(flat, bs), want):
                     entry["status"] = "WRONG"
-                    rows.append([case, name, "WRONG", "", "", "", ""])
+                    rows.append([case, name, "WRONG", "", "", "", "", ""])
                     print(f"  {case} {name}: WRONG (differs from the reference)")
                     continue
                 call = lambda fn=fn, flat=flat, bs=bs: fn(flat, bs)  # noqa: E731
                 whole = do_bench(call, warmup=5, rep=25)
-                graph = graph_time_ms(call, do_bench)
-                per_stage = {s: graph_time_ms(stage, do_bench) * 1e3
-                             for s, stage in stages(name, flat, num_experts, bs).items()}
+                host = host_time_ms(call)
             except Exception as e:  # one line, then the next variant
                 entry["status"] = f"FAILED {one_line(e)}"
                 print(f"  {case} {name}: {entry['status']}")
                 continue
-            entry.update(status="ok", whole_us=whole * 1e3, graph_us=graph * 1e3, stages_us=per_stage,
-                         graph_gbs=nbytes / graph / 1e6)
+            # Device-only figures: a capture failure costs these, not the whole-call time above.
+            graph = measured(f"{case} {name} graph", lambda call=call: graph_time_ms(call, do_bench))
+            per_stage = {}
+            for stage_name, stage in stages(name, flat, num_experts, bs).items():
+                us = measured(f"{case} {name} {stage_name}", lambda stage=stage: graph_time_ms(stage, do_bench))
+                per_stage[stage_name] = None if us is None else us * 1e3
+            entry.update(status="ok", whole_us=whole * 1e3, host_us=host * 1e3,
+                         graph_us=None if graph is None else graph * 1e3, stages_us=per_stage,
+                         graph_gbs=None if graph is None else nbytes / graph / 1e6)
             if name == "three_kernels":
                 baseline = entry
-            ratio = "-"
-            if baseline:
-                ratio = f"{baseline['whole_us'] / (whole * 1e3):.2f}x / {baseline['graph_us'] / (graph * 1e3):.2f}x"
             rows.append([case, name if name != "launcher" else f"launcher ({entry['path']})",
-                         f"{whole * 1e3:.1f}", f"{graph * 1e3:.1f}",
-                         " ".join(f"{s} {us:.1f}" for s, us in per_stage.items()) or "-",
-                         ratio, f"{entry['graph_gbs'] / copy_gbs:.1%}"])
+                         f"{whole * 1e3:.1f}", f"{host * 1e3:.1f}", fmt(entry["graph_us"]),
+                         " ".join(f"{s} {fmt(us)}" for s, us in per_stage.items()) or "-",
+                         f"{ratio(baseline, entry, 'whole_us')} / {ratio(baseline, entry, 'graph_us')}",
+                         "-" if graph is None else f"{entry['graph_gbs'] / copy_gbs:.1%}"])
     report["wall_s"] = time.perf_counter() - began
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     table(f"moe_align_block_size on {report['device']} (copy {copy_gbs:.0f} GB/s; graph = device time, "
           f"{REPEATS} calls per CUDA graph; ratio = three_kernels / variant, whole / graph)",
-          ["case", "variant", "whole µs", "graph µs", "stages µs (graph)", "vs three_kernels", "of copy"],
+          ["case", "variant", "whole µs", "host µs", "graph µs", "stages µs (graph)", "vs three_kernels", "of copy"],
           rows, "python bench/moe_align_variants.py" + (f" --json {args.json}" if args.json else ""))
 
 
