@@ -113,8 +113,8 @@ def one_line(e: Exception) -> str:
     return f"{type(e).__name__}: {(text[0] if text else '')[:160]}"
 
 
-def run_on_cpu() -> None:
-    checked = 0
+def run_on_cpu(json_path: str | None) -> None:
+    checked, results = 0, []
     for tokens, top_k, num_experts, bs in CPU_CASES:
         ids = routed_ids(tokens, top_k, num_experts, "cpu", seed=tokens)
         want = moe_align_block_size_reference(ids, num_experts, bs)
@@ -126,9 +126,14 @@ def run_on_cpu() -> None:
                     stage()
             except Exception as e:  # one line, then the next variant
                 print(f"  {label}: FAILED {one_line(e)}")
+                results.append({"case": label, "status": f"FAILED {one_line(e)}"})
                 continue
             print(f"  {label}: {'ok' if ok else 'WRONG'}")
+            results.append({"case": label, "status": "ok" if ok else "WRONG"})
             checked += ok
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": None, "timed": False, "results": results}, f, indent=1)
     print(f"bench/moe_align_variants.py: no GPU here, nothing timed; {checked} variant runs checked against "
           "the reference in Triton's interpreter.")
 
@@ -184,7 +189,7 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=50.0, help="start no new variant after this many seconds")
     args = p.parse_args()
     if not torch.cuda.is_available():
-        run_on_cpu()
+        run_on_cpu(args.json)
         return
     import triton
     from triton.testing import do_bench
