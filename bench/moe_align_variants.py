@@ -1,6 +1,6 @@
 """``moe_align_block_size``: where the time goes, and the paths and tile settings side by side.
 
-    python bench/moe_align_variants.py [--json PATH] [--budget-s 50]
+    python bench/moe_align_variants.py [--json PATH] [--budget-s 45]
 
 Per case (routed slots = tokens x top_k over num_experts experts, block_size) and per variant:
 
@@ -186,7 +186,7 @@ def copy_bandwidth_gbs(do_bench) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", metavar="PATH", help="write every figure measured here as one JSON object")
-    p.add_argument("--budget-s", type=float, default=50.0, help="start no new variant after this many seconds")
+    p.add_argument("--budget-s", type=float, default=45.0, help="start no new variant after this many seconds")
     args = p.parse_args()
     if not torch.cuda.is_available():
         run_on_cpu(args.json)
