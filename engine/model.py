@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..launchers.fused_moe import DEFAULT_CONFIGS as DEFAULT_TILE_CONFIGS
 from ..launchers.fused_moe import load_tile_table
 from ..launchers.kv_cache import KVCacheLayout
+from ..launchers.moe_align import path_token_counts
 from ..launchers.paged_attention import default_num_sm_parts
 from .config import EngineConfig
 from .ops import Ops
@@ -101,10 +102,13 @@ class Model:
 
 def plan_token_counts(config: EngineConfig) -> list[int]:
     """Token counts at which the model's launch choices change (besides Triton's scalar classes):
-    one per entry of the fused MoE tile table, up to the step's token budget."""
-    if not config.model.num_experts:
+    one per entry of the fused MoE tile table, and either side of each change of the MoE alignment's
+    path, up to the step's token budget."""
+    cfg = config.model
+    if not cfg.num_experts:
         return []
-    return load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS).bucket_tokens(config.max_num_tokens)
+    buckets = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS).bucket_tokens(config.max_num_tokens)
+    return sorted(set(buckets) | set(path_token_counts(cfg.top_k, cfg.num_experts, config.max_num_tokens)))
 
 
 def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, torch.Tensor]:

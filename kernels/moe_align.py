@@ -101,6 +101,143 @@ def moe_align_scatter_kernel(
     tl.store(sorted_token_ids_ptr + start + rank, slots, mask=valid)
 
 
+# --------------------------------------------------------------------------- fewer launches
+# The three-kernel path pays three launches, a host fill and a one-program scan. Two shorter paths:
+# count -> place (each place program derives the expert offsets and its own tile's starting
+# positions from the whole tile-count table, which is small, and writes its share of the sentinel
+# padding, the tail and the block experts, so no scan launch and no host fill), and a single program
+# that does everything in two passes over the ids (decode sizes: one launch). Both stay atomic-free.
+
+
+@triton.jit
+def _segments(totals, block_size):
+    # Per-expert padded segment [starts, ends) and the padded total.
+    padded = (totals + block_size - 1) // block_size * block_size
+    ends = tl.cumsum(padded, axis=0)
+    return ends - padded, ends, tl.sum(padded, axis=0)
+
+
+@triton.jit
+def _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, owned, sentinel, block_size):
+    # Sentinel in [starts + totals, ends) of the owned experts (fewer than block_size slots each), 16
+    # columns at a time: a loop over the runtime block_size, so no binary per block size.
+    pad = tl.arange(0, 16)
+    first = 0
+    while first < block_size:
+        positions = (starts + totals)[:, None] + first + pad[None, :]
+        tl.store(sorted_token_ids_ptr + positions, tl.zeros_like(positions) + sentinel,
+                 mask=owned[:, None] & (positions < ends[:, None]))
+        first += 16
+
+
+@triton.jit
+def _fill_range(out_ptr, lo, hi, value, STEP: tl.constexpr):
+    lanes = tl.arange(0, STEP)
+    first = lo
+    while first < hi:
+        positions = first + lanes
+        tl.store(out_ptr + positions, tl.zeros_like(positions) + value, mask=positions < hi)
+        first += STEP
+
+
+@triton.jit
+def _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, lo, hi, STEP: tl.constexpr):
+    # Block b's expert: how many experts' segments end at or before b * block_size; -1 past the end.
+    lanes = tl.arange(0, STEP)
+    first = lo
+    while first < hi:
+        blocks = first + lanes
+        block_start = blocks * block_size
+        owner = tl.sum(((ends[None, :] <= block_start[:, None]) & expert_ok[None, :]).to(tl.int32), axis=1)
+        tl.store(expert_ids_ptr + blocks, tl.where(block_start < total_padded, owner, -1), mask=blocks < hi)
+        first += STEP
+
+
+@triton.jit(do_not_specialize=["numel", "num_tiles", "max_padded", "max_blocks"])
+def moe_align_place_kernel(
+    topk_ids_ptr, tile_counts_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    numel, num_tiles, num_experts, block_size, max_padded, max_blocks,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # One program per tile of ids (the count kernel's tiles). Every program reads the whole count
+    # table: totals over all tiles, and the same-expert slots of the tiles before its own.
+    tile = tl.program_id(0)
+    programs = tl.num_programs(0)
+    experts = tl.arange(0, BLOCK_E)
+    expert_ok = experts < num_experts
+    rows = tl.arange(0, TILE)
+    totals = tl.zeros([BLOCK_E], tl.int32)
+    before = tl.zeros([BLOCK_E], tl.int32)
+    first = 0
+    while first < num_tiles:
+        tiles = first + rows
+        counts = tl.load(tile_counts_ptr + tiles[:, None] * num_experts + experts[None, :],
+                         mask=(tiles < num_tiles)[:, None] & expert_ok[None, :], other=0)
+        totals += tl.sum(counts, axis=0)
+        before += tl.sum(tl.where((tiles < tile)[:, None], counts, 0), axis=0)
+        first += TILE
+    starts, ends, total_padded = _segments(totals, block_size)
+
+    slots = tile * TILE + rows
+    ids = tl.load(topk_ids_ptr + slots, mask=slots < numel, other=-1).to(tl.int32)
+    one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    # position = expert start + earlier tiles' slots + same-expert slots earlier in this tile,
+    # picked out of the [slot, expert] matrix by the one-hot row (no gather needed).
+    base = (starts + before)[None, :] + tl.cumsum(one_hot, axis=0) - one_hot
+    position = tl.sum(one_hot * base, axis=1)
+    tl.store(sorted_token_ids_ptr + position, slots, mask=(ids >= 0) & (ids < num_experts))
+
+    # This program's share of the rest: padding of experts e with e % programs == tile, an equal
+    # slice of the tail past total_padded, an equal slice of the block experts.
+    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok & (experts % programs == tile),
+                         numel, block_size)
+    tail = (max_padded - total_padded + programs - 1) // programs
+    lo = total_padded + tile * tail
+    _fill_range(sorted_token_ids_ptr, lo, tl.minimum(lo + tail, max_padded), numel, TILE)
+    share = (max_blocks + programs - 1) // programs
+    _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, tile * share,
+                   tl.minimum(tile * share + share, max_blocks), TILE)
+    if tile == 0:
+        tl.store(num_tokens_post_padded_ptr, total_padded)
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
+def moe_align_single_kernel(
+    topk_ids_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    numel, num_experts, block_size, max_padded, max_blocks,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # One program, two passes over the ids in chunks of TILE: totals, then positions with a running
+    # per-expert count carried from chunk to chunk. For few ids, where one launch is the whole cost.
+    experts = tl.arange(0, BLOCK_E)
+    expert_ok = experts < num_experts
+    lanes = tl.arange(0, TILE)
+    totals = tl.zeros([BLOCK_E], tl.int32)
+    first = 0
+    while first < numel:
+        ids = tl.load(topk_ids_ptr + first + lanes, mask=first + lanes < numel, other=-1).to(tl.int32)
+        # ids in [num_experts, BLOCK_E) must not count (they are dropped)
+        totals += tl.sum(((ids[:, None] == experts[None, :]) & expert_ok[None, :]).to(tl.int32), axis=0)
+        first += TILE
+    starts, ends, total_padded = _segments(totals, block_size)
+    tl.store(num_tokens_post_padded_ptr, total_padded)
+
+    running = starts
+    first = 0
+    while first < numel:
+        slots = first + lanes
+        ids = tl.load(topk_ids_ptr + slots, mask=slots < numel, other=-1).to(tl.int32)
+        one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        position = tl.sum(one_hot * (running[None, :] + tl.cumsum(one_hot, axis=0) - one_hot), axis=1)
+        tl.store(sorted_token_ids_ptr + position, slots, mask=(ids >= 0) & (ids < num_experts))
+        running += tl.sum(one_hot, axis=0)
+        first += TILE
+
+    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok, numel, block_size)
+    _fill_range(sorted_token_ids_ptr, total_padded, max_padded, numel, TILE)
+    _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, 0, max_blocks, TILE)
+
+
 def moe_align_block_size_reference(topk_ids, num_experts, block_size):
     """Plain PyTorch, one expert at a time: ``(sorted_token_ids, expert_ids, num_tokens_post_padded)``."""
     flat = topk_ids.reshape(-1)

@@ -17,13 +17,16 @@ from tritonwarm.jit.monitor import JitPolicyError
 from tritonwarm.jit.warmup import warm
 from tritonwarm.kernels.rms_norm import rms_norm_kernel
 from tritonwarm.launchers.fused_moe import load_tile_table
+from tritonwarm.launchers.moe_align import align_path
 from tritonwarm.launchers.rms_norm import rms_norm_launch
 
 LITE = ENGINES["deepseek-v2-lite"]
 ENGINE_KERNELS = {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "moe_topk_routing_kernel",
-                  "fused_moe_kernel", "moe_align_count_kernel", "moe_align_scan_kernel", "moe_align_scatter_kernel",
+                  "fused_moe_kernel", "moe_align_single_kernel", "moe_align_count_kernel", "moe_align_place_kernel",
                   "mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
                   "paged_decode_attention_combine_kernel", "kv_block_zero_kernel"}
+# The tiny engine's steps (at most 32 tokens x top-2) all take moe_align's single-program path.
+TINY_KERNELS = ENGINE_KERNELS - {"moe_align_count_kernel", "moe_align_place_kernel"}
 
 
 def _entries(cache_dir):
@@ -56,14 +59,20 @@ def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
     entries = {tiles.select(m) for m in range(1, LITE.max_num_tokens + 1)}
     assert len(entries) > 1
     assert kernels.count("fused_moe_kernel") == 2 * len(entries)
+    # moe_align: one program for small steps, count -> place beyond; one variant per kernel.
+    cfg = LITE.model
+    assert {align_path(m * cfg.top_k, cfg.num_experts) for m in range(1, LITE.max_num_tokens + 1)} == {
+        "single", "count_place"}
     assert len(kernels) == len(ENGINE_KERNELS) + 2 + 2 * len(entries) - 1
     assert all(v.import_path == "tritonwarm.engine.ops" for v in the_plan.variants.values())
     assert "engine:deepseek-v2-lite decode tokens=16 batch=16" in next(iter(the_plan.variants.values())).rows
     attention = next(v for v in the_plan.variants.values() if "split" in v.kernel)
     assert attention.args["KEY_DIM"] == "=576" and attention.args["q_ptr"] == "*bf16 aligned"
     # AMD: the same kernels trace for gfx942 (nothing NVIDIA-only).
-    amd = engine_plan(ENGINES["tiny"], TARGETS["gfx942"])
-    assert not amd.errors and {v.kernel.rsplit(".", 1)[-1] for v in amd.variants.values()} == ENGINE_KERNELS
+    tiny = ENGINES["tiny"]
+    assert align_path(tiny.max_num_tokens * tiny.model.top_k, tiny.model.num_experts) == "single"
+    amd = engine_plan(tiny, TARGETS["gfx942"])
+    assert not amd.errors and {v.kernel.rsplit(".", 1)[-1] for v in amd.variants.values()} == TINY_KERNELS
 
 
 
@@ -148,7 +157,7 @@ def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, 
     record = tmp_path / "record.jsonl"
     report.write_record(record)
     lines = [json.loads(line) for line in record.read_text().splitlines()]
-    assert {line["kernel"].rsplit(".", 1)[-1] for line in lines} >= ENGINE_KERNELS - {"rms_norm_kernel"}
+    assert {line["kernel"].rsplit(".", 1)[-1] for line in lines} >= TINY_KERNELS - {"rms_norm_kernel"}
     trace = check_trace(record, tmp_path)
     assert not trace.ok
     assert {m["first"]["tokens"] for m in trace.misses} == {7}
