@@ -71,6 +71,39 @@ def _minifloat_code(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constexpr, M
 
 
 @triton.jit
+def _minifloat_code_fast(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr,
+                         SIGN_SHIFT: tl.constexpr):
+    """The code ``_minifloat_code`` gives (ties to even, saturating at MAX_VALUE's code, no negative
+    zero) in about a third of its integer work: the FP adder does the rounding.
+
+    |value| (clamped to MAX_VALUE, which saturates alike) plus 2**(23 - MANTISSA_BITS + max(e, MIN_EXP)),
+    e = floor(log2 |value|), has an ulp of exactly the minifloat's quantum at that magnitude, so the
+    add rounds to nearest-even and its low bits count the quanta m (at most 2**(MANTISSA_BITS + 1));
+    the code is m + 2**MANTISSA_BITS * (max(e, MIN_EXP) - MIN_EXP). The magnitude goes through its
+    bits, so the add is never contracted into an FMA with the caller's multiply (NVFP4 rounds that
+    product first). NaN is the caller's job.
+    """
+    bits = value.to(tl.int32, bitcast=True)
+    magnitude = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), MAX_VALUE)
+    # 2**(23 - MANTISSA_BITS + max(e, MIN_EXP)): |value|'s exponent field, at least MIN_EXP's, shifted.
+    magic_bits = (tl.maximum(magnitude.to(tl.int32, bitcast=True) & 0x7F800000, (MIN_EXP + 127) << 23)
+                  + ((23 - MANTISSA_BITS) << 23))
+    quanta = (magnitude + magic_bits.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic_bits
+    code = quanta + (((magic_bits >> 23) - (127 + 23 - MANTISSA_BITS + MIN_EXP)) << MANTISSA_BITS)
+    return tl.where((bits < 0) & (code != 0), code | (1 << SIGN_SHIFT), code)
+
+
+@triton.jit
+def _e2m1_codes(values, FAST: tl.constexpr):
+    """Signed E2M1 codes of fp32 ``values``: the FP-adder rounding (FAST) or the generic integer one;
+    both are kept so that the speed of one can be measured against the other (same codes: tested)."""
+    if FAST:
+        return _minifloat_code_fast(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_VALUE=6.0, SIGN_SHIFT=3)
+    else:
+        return _minifloat_code(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)
+
+
+@triton.jit
 def _e2m1_decode(code):
     """fp32 value of the E2M1 ``code`` (int32, 0..15): 0x8 decodes to -0.0."""
     magnitude = code & 7
@@ -142,6 +175,7 @@ def mxfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
+    FAST_E2M1: tl.constexpr,
 ):
     # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
     # (contiguous rows: wide loads).
@@ -159,7 +193,7 @@ def mxfp4_quantize_kernel(
     scale_byte = tl.maximum(amax_exp - 2, 0)
     # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
     inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
-    codes = _minifloat_code(x * inv_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = _e2m1_codes(x * inv_scale[:, None], FAST_E2M1)
     codes = tl.where(non_finite[:, None], 0, codes)
     scale_byte = tl.where(non_finite, 0xFF, scale_byte)
 
@@ -201,6 +235,7 @@ def nvfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
+    FAST_E2M1: tl.constexpr,
 ):
     # Same tiling as mxfp4_quantize_kernel, with blocks of 16.
     row = tl.program_id(0).to(tl.int64)
@@ -216,11 +251,14 @@ def nvfp4_quantize_kernel(
     one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
     block_scale = global_scale * (amax * one_sixth)
     # E4M3FN: 3 mantissa bits, smallest normal exponent -6, saturating at 0x7E = 448 (as vLLM clamps).
-    scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
+    if FAST_E2M1:
+        scale_code = _minifloat_code_fast(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_VALUE=448.0, SIGN_SHIFT=7)
+    else:
+        scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
     scale_is_nan = has_nan | (block_scale != block_scale)
     scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
     out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
-    codes = _minifloat_code(x * out_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
     codes = tl.where(scale_is_nan[:, None], 0, codes)
 
     packed_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
