@@ -289,21 +289,22 @@ def nvfp4_dequantize_kernel(
 
 # --------------------------------------------------------------------------- references
 
+# Round-to-nearest-even between adjacent E2M1 magnitudes, as decision points: (midpoint, whether the
+# midpoint itself rounds up). A tie goes to the even code: 0.25 to 0 (code 0), 0.75 to 1.0 (code 2), ...
+_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
 def _e2m1_codes_reference(scaled: torch.Tensor) -> torch.Tensor:
-    """Signed E2M1 codes of ``scaled``: clamp to 6 (the spec's saturation), then the nearest of the 8
-    magnitudes, ties to the even code; sign bit only on a nonzero magnitude. float64 holds an fp32
-    magnitude's distance to each table value exactly, so ties are seen as ties."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=scaled.device)
-    magnitude = scaled.double().abs().clamp(max=6.0)
-    distance = (magnitude.unsqueeze(-1) - table).abs()
-    best = distance.min(dim=-1, keepdim=True).values
-    candidates = distance == best  # one code, or two adjacent codes on a tie
-    is_even = torch.arange(8, device=scaled.device) % 2 == 0
-    tie_winner = (candidates & is_even).to(torch.uint8).argmax(dim=-1)
-    single = candidates.to(torch.uint8).argmax(dim=-1)
-    code = torch.where(candidates.sum(dim=-1) > 1, tie_winner, single)
+    """Signed E2M1 codes of ``scaled``: the code of a magnitude is the number of rounding midpoints it
+    passes (ties to the even code), which saturates at 6 by itself; sign bit only on a nonzero code.
+    float64 holds an fp32 value exactly, so ties are seen as ties. (Counting comparisons is the same
+    on every device; an earlier argmax-over-ties formulation was not deterministic on CUDA.)"""
+    magnitude = scaled.double().abs()
+    code = torch.zeros(scaled.shape, dtype=torch.int64, device=scaled.device)
+    for midpoint, tie_rounds_up in _E2M1_MIDPOINTS:
+        code += (magnitude >= midpoint if tie_rounds_up else magnitude > midpoint).long()
     negative = torch.signbit(scaled) & (code != 0)
-    return code | (negative.to(code.dtype) << 3)
+    return code | (negative.long() << 3)
 
 
 def _pack_reference(codes: torch.Tensor) -> torch.Tensor:
