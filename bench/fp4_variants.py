@@ -36,8 +36,8 @@ class Variant:
 
 VARIANTS = [
     Variant("before", False, 1024, 4, "integer rounding, 1024 elements / 4 warps: the kernel as it shipped before"),
-    Variant("fast-1024x4", True, 1024, 4, "FP-adder rounding, same tiling: what the launchers ship now"),
-    Variant("fast-1024x2", True, 1024, 2, "16 elements per thread: per-program setup paid over twice the data"),
+    Variant("fast-1024x4", True, 1024, 4, "FP-adder rounding, the tiling as before"),
+    Variant("fast-1024x2", True, 1024, 2, "16 elements per thread (shipped): setup paid over 2x the data"),
     Variant("fast-1024x1", True, 1024, 1, "32 elements per thread"),
     Variant("fast-2048x4", True, 2048, 4, "16 per thread, half the programs (7168 leaves a half-masked chunk)"),
     Variant("fast-2048x8", True, 2048, 8, "8 per thread, bigger programs"),
