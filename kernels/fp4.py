@@ -297,8 +297,7 @@ _E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.
 def _e2m1_codes_reference(scaled: torch.Tensor) -> torch.Tensor:
     """Signed E2M1 codes of ``scaled``: the code of a magnitude is the number of rounding midpoints it
     passes (ties to the even code), which saturates at 6 by itself; sign bit only on a nonzero code.
-    float64 holds an fp32 value exactly, so ties are seen as ties. (Counting comparisons is the same
-    on every device; an earlier argmax-over-ties formulation was not deterministic on CUDA.)"""
+    float64 holds an fp32 value exactly, so ties are seen as ties."""
     magnitude = scaled.double().abs()
     code = torch.zeros(scaled.shape, dtype=torch.int64, device=scaled.device)
     for midpoint, tie_rounds_up in _E2M1_MIDPOINTS:
@@ -319,6 +318,12 @@ def _unpack_reference(packed: torch.Tensor) -> torch.Tensor:
     return torch.where(codes >= 8, -values, values)
 
 
+def _exact_pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """float64 2**exponent (|exponent| < 1023) built from its bits: ``torch.pow(2.0, e)`` on CUDA is
+    not always an exact power of two, which moves values off E2M1 ties."""
+    return ((exponent.long() + 1023) << 52).view(torch.float64)
+
+
 def mxfp4_quantize_reference(x: torch.Tensor):
     """Per the OCP MX v1.0 spec, block by block; see the module docstring for NaN / inf / zero."""
     blocks = x.float().reshape(*x.shape[:-1], -1, MXFP4_BLOCK)
@@ -327,7 +332,7 @@ def mxfp4_quantize_reference(x: torch.Tensor):
     shared_exp = (frexp_exp.long() - 1 - 2).clamp(-127, 127)
     shared_exp = torch.where(amax == 0, -127, shared_exp)
     non_finite = ~torch.isfinite(amax)
-    scaled = blocks.double() / torch.pow(2.0, shared_exp.double()).unsqueeze(-1)  # exact in float64
+    scaled = blocks.double() * _exact_pow2(-shared_exp).unsqueeze(-1)  # exact in float64
     codes = _e2m1_codes_reference(scaled)
     codes = torch.where(non_finite.unsqueeze(-1), 0, codes)
     scales = torch.where(non_finite, E8M0_NAN, shared_exp + 127).to(torch.uint8)
@@ -336,8 +341,7 @@ def mxfp4_quantize_reference(x: torch.Tensor):
 
 def mxfp4_dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
     values = _unpack_reference(packed).unflatten(-1, (-1, MXFP4_BLOCK))
-    exponent = scales.double() - 127
-    scale = torch.where(scales == E8M0_NAN, float("nan"), torch.pow(2.0, exponent))
+    scale = torch.where(scales == E8M0_NAN, float("nan"), _exact_pow2(scales.long() - 127))
     return (values * scale.unsqueeze(-1)).flatten(-2).to(dtype)
 
 
