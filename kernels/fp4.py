@@ -71,6 +71,39 @@ def _minifloat_code(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constexpr, M
 
 
 @triton.jit
+def _minifloat_code_fast(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constexpr, MAX_VALUE: tl.constexpr,
+                         SIGN_SHIFT: tl.constexpr):
+    """The code ``_minifloat_code`` gives (ties to even, saturating at MAX_VALUE's code, no negative
+    zero) in about a third of its integer work: the FP adder does the rounding.
+
+    |value| (clamped to MAX_VALUE, which saturates alike) plus 2**(23 - MANTISSA_BITS + max(e, MIN_EXP)),
+    e = floor(log2 |value|), has an ulp of exactly the minifloat's quantum at that magnitude, so the
+    add rounds to nearest-even and its low bits count the quanta m (at most 2**(MANTISSA_BITS + 1));
+    the code is m + 2**MANTISSA_BITS * (max(e, MIN_EXP) - MIN_EXP). The magnitude goes through its
+    bits, so the add is never contracted into an FMA with the caller's multiply (NVFP4 rounds that
+    product first). NaN is the caller's job.
+    """
+    bits = value.to(tl.int32, bitcast=True)
+    magnitude = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), MAX_VALUE)
+    # 2**(23 - MANTISSA_BITS + max(e, MIN_EXP)): |value|'s exponent field, at least MIN_EXP's, shifted.
+    magic_bits = (tl.maximum(magnitude.to(tl.int32, bitcast=True) & 0x7F800000, (MIN_EXP + 127) << 23)
+                  + ((23 - MANTISSA_BITS) << 23))
+    quanta = (magnitude + magic_bits.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic_bits
+    code = quanta + (((magic_bits >> 23) - (127 + 23 - MANTISSA_BITS + MIN_EXP)) << MANTISSA_BITS)
+    return tl.where((bits < 0) & (code != 0), code | (1 << SIGN_SHIFT), code)
+
+
+@triton.jit
+def _e2m1_codes(values, FAST: tl.constexpr):
+    """Signed E2M1 codes of fp32 ``values``: the FP-adder rounding (FAST) or the generic integer one;
+    both are kept so that the speed of one can be measured against the other (same codes: tested)."""
+    if FAST:
+        return _minifloat_code_fast(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_VALUE=6.0, SIGN_SHIFT=3)
+    else:
+        return _minifloat_code(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)
+
+
+@triton.jit
 def _e2m1_decode(code):
     """fp32 value of the E2M1 ``code`` (int32, 0..15): 0x8 decodes to -0.0."""
     magnitude = code & 7
@@ -142,6 +175,7 @@ def mxfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
+    FAST_E2M1: tl.constexpr,
 ):
     # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
     # (contiguous rows: wide loads).
@@ -159,7 +193,7 @@ def mxfp4_quantize_kernel(
     scale_byte = tl.maximum(amax_exp - 2, 0)
     # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
     inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
-    codes = _minifloat_code(x * inv_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = _e2m1_codes(x * inv_scale[:, None], FAST_E2M1)
     codes = tl.where(non_finite[:, None], 0, codes)
     scale_byte = tl.where(non_finite, 0xFF, scale_byte)
 
@@ -201,6 +235,7 @@ def nvfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
+    FAST_E2M1: tl.constexpr,
 ):
     # Same tiling as mxfp4_quantize_kernel, with blocks of 16.
     row = tl.program_id(0).to(tl.int64)
@@ -216,11 +251,14 @@ def nvfp4_quantize_kernel(
     one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
     block_scale = global_scale * (amax * one_sixth)
     # E4M3FN: 3 mantissa bits, smallest normal exponent -6, saturating at 0x7E = 448 (as vLLM clamps).
-    scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
+    if FAST_E2M1:
+        scale_code = _minifloat_code_fast(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_VALUE=448.0, SIGN_SHIFT=7)
+    else:
+        scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
     scale_is_nan = has_nan | (block_scale != block_scale)
     scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
     out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
-    codes = _minifloat_code(x * out_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)  # E2M1
+    codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
     codes = tl.where(scale_is_nan[:, None], 0, codes)
 
     packed_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
@@ -251,21 +289,21 @@ def nvfp4_dequantize_kernel(
 
 # --------------------------------------------------------------------------- references
 
+# Round-to-nearest-even between adjacent E2M1 magnitudes, as decision points: (midpoint, whether the
+# midpoint itself rounds up). A tie goes to the even code: 0.25 to 0 (code 0), 0.75 to 1.0 (code 2), ...
+_E2M1_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
 def _e2m1_codes_reference(scaled: torch.Tensor) -> torch.Tensor:
-    """Signed E2M1 codes of ``scaled``: clamp to 6 (the spec's saturation), then the nearest of the 8
-    magnitudes, ties to the even code; sign bit only on a nonzero magnitude. float64 holds an fp32
-    magnitude's distance to each table value exactly, so ties are seen as ties."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=scaled.device)
-    magnitude = scaled.double().abs().clamp(max=6.0)
-    distance = (magnitude.unsqueeze(-1) - table).abs()
-    best = distance.min(dim=-1, keepdim=True).values
-    candidates = distance == best  # one code, or two adjacent codes on a tie
-    is_even = torch.arange(8, device=scaled.device) % 2 == 0
-    tie_winner = (candidates & is_even).to(torch.uint8).argmax(dim=-1)
-    single = candidates.to(torch.uint8).argmax(dim=-1)
-    code = torch.where(candidates.sum(dim=-1) > 1, tie_winner, single)
+    """Signed E2M1 codes of ``scaled``: the code of a magnitude is the number of rounding midpoints it
+    passes (ties to the even code), which saturates at 6 by itself; sign bit only on a nonzero code.
+    float64 holds an fp32 value exactly, so ties are seen as ties."""
+    magnitude = scaled.double().abs()
+    code = torch.zeros(scaled.shape, dtype=torch.int64, device=scaled.device)
+    for midpoint, tie_rounds_up in _E2M1_MIDPOINTS:
+        code += (magnitude >= midpoint if tie_rounds_up else magnitude > midpoint).long()
     negative = torch.signbit(scaled) & (code != 0)
-    return code | (negative.to(code.dtype) << 3)
+    return code | (negative.long() << 3)
 
 
 def _pack_reference(codes: torch.Tensor) -> torch.Tensor:
@@ -280,6 +318,12 @@ def _unpack_reference(packed: torch.Tensor) -> torch.Tensor:
     return torch.where(codes >= 8, -values, values)
 
 
+def _exact_pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """float64 2**exponent (|exponent| < 1023) built from its bits: ``torch.pow(2.0, e)`` on CUDA is
+    not always an exact power of two, which moves values off E2M1 ties."""
+    return ((exponent.long() + 1023) << 52).view(torch.float64)
+
+
 def mxfp4_quantize_reference(x: torch.Tensor):
     """Per the OCP MX v1.0 spec, block by block; see the module docstring for NaN / inf / zero."""
     blocks = x.float().reshape(*x.shape[:-1], -1, MXFP4_BLOCK)
@@ -288,7 +332,7 @@ def mxfp4_quantize_reference(x: torch.Tensor):
     shared_exp = (frexp_exp.long() - 1 - 2).clamp(-127, 127)
     shared_exp = torch.where(amax == 0, -127, shared_exp)
     non_finite = ~torch.isfinite(amax)
-    scaled = blocks.double() / torch.pow(2.0, shared_exp.double()).unsqueeze(-1)  # exact in float64
+    scaled = blocks.double() * _exact_pow2(-shared_exp).unsqueeze(-1)  # exact in float64
     codes = _e2m1_codes_reference(scaled)
     codes = torch.where(non_finite.unsqueeze(-1), 0, codes)
     scales = torch.where(non_finite, E8M0_NAN, shared_exp + 127).to(torch.uint8)
@@ -297,8 +341,7 @@ def mxfp4_quantize_reference(x: torch.Tensor):
 
 def mxfp4_dequantize_reference(packed: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
     values = _unpack_reference(packed).unflatten(-1, (-1, MXFP4_BLOCK))
-    exponent = scales.double() - 127
-    scale = torch.where(scales == E8M0_NAN, float("nan"), torch.pow(2.0, exponent))
+    scale = torch.where(scales == E8M0_NAN, float("nan"), _exact_pow2(scales.long() - 127))
     return (values * scale.unsqueeze(-1)).flatten(-2).to(dtype)
 
 

@@ -21,26 +21,35 @@ from ._host import cdiv, next_power_of_2
 from ._op import custom_op
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_ELEMENTS_PER_PROGRAM = 1024  # memory bound: 8 elements per thread at 4 warps
+_ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 16 at 2 (quantize)
+# The quantize kernels round to E2M1 in the FP adder (same codes as the integer rounding, a fraction
+# of its instructions: the integer one made them issue bound, ~40 SASS instructions per element on
+# sm90) and run 2 warps per program: per-thread setup paid over 16 elements. H200, 4096x7168 bf16
+# (bench/fp4_variants.py): mxfp4 28 % -> 49 % of copy bandwidth, nvfp4 28 % -> 44 %; 1 warp is faster
+# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round.
+_QUANTIZE_CONSTEXPRS = dict(FAST_E2M1=True)
+_QUANTIZE_WARPS = 2
 
 
 def _groups_per_program(n_groups: int, block: int) -> int:
     return min(_ELEMENTS_PER_PROGRAM // block, next_power_of_2(n_groups))
 
 
-def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple) -> Launch | None:
+def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple, num_warps: int = 4,
+                 **constexprs) -> Launch | None:
     # The token count only sizes the grid (rows are never passed), so every batch size shares one
     # binary; K, the group count and the row strides are per-model constants worth specializing.
     if n_rows == 0 or n_groups == 0:
         return None
     groups = _groups_per_program(n_groups, block)
     return Launch(grid=(n_rows, cdiv(n_groups, groups)), args=args + (n_groups,),
-                  constexprs=dict(GROUPS=groups), num_warps=4)
+                  constexprs=dict(GROUPS=groups, **constexprs), num_warps=num_warps)
 
 
 def mxfp4_quantize_launch(x, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // MXFP4_BLOCK, MXFP4_BLOCK,
-                        (x, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)))
+                        (x, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
+                        num_warps=_QUANTIZE_WARPS, **_QUANTIZE_CONSTEXPRS)
 
 
 def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
@@ -50,7 +59,8 @@ def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
 
 def nvfp4_quantize_launch(x, global_scale, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
-                        (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)))
+                        (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
+                        num_warps=_QUANTIZE_WARPS, **_QUANTIZE_CONSTEXPRS)
 
 
 def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:

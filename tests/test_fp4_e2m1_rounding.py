@@ -1,0 +1,92 @@
+"""The FP-adder E2M1 rounding the quantize kernels use agrees with the generic integer rounding on
+every bf16 value and on the fp32 neighbours of every E2M1 tie, and both quantize kernels give the
+same bytes either way (Triton's interpreter)."""
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+from tritonwarm.jit import JitKernel, Launch
+from tritonwarm.kernels.fp4 import _minifloat_code, _minifloat_code_fast
+from tritonwarm.launchers.fp4 import (
+    _QUANTIZE_CONSTEXPRS,
+    mxfp4_quantize_jit,
+    mxfp4_quantize_launch,
+    nvfp4_quantize_jit,
+    nvfp4_quantize_launch,
+)
+
+
+@triton.jit
+def _both_roundings_kernel(x_ptr, fast_ptr, generic_ptr, n, BLOCK: tl.constexpr, E4M3: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0)
+    if E4M3:
+        fast = _minifloat_code_fast(x, MANTISSA_BITS=3, MIN_EXP=-6, MAX_VALUE=448.0, SIGN_SHIFT=7)
+        generic = _minifloat_code(x, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
+    else:
+        fast = _minifloat_code_fast(x, MANTISSA_BITS=1, MIN_EXP=0, MAX_VALUE=6.0, SIGN_SHIFT=3)
+        generic = _minifloat_code(x, MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)
+    tl.store(fast_ptr + offs, fast, mask=ok)
+    tl.store(generic_ptr + offs, generic, mask=ok)
+
+
+_BLOCK = 4096
+both_roundings = JitKernel(_both_roundings_kernel, lambda x, fast, generic, e4m3: Launch(
+    grid=(triton.cdiv(x.numel(), _BLOCK),), args=(x, fast, generic, x.numel()),
+    constexprs=dict(BLOCK=_BLOCK, E4M3=e4m3)))
+
+
+def _hard_values(ties: list[float]) -> torch.Tensor:
+    every_bf16 = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    finite_bf16 = every_bf16[torch.isfinite(every_bf16)]
+    bits = torch.tensor(ties).view(torch.int32)[:, None] + torch.arange(-3, 4, dtype=torch.int32)
+    neighbours = bits.flatten().view(torch.float32)
+    specials = torch.tensor([0.0, float("inf"), 1e-45, 1.17e-38, 3.4e38, 1e30])
+    values = torch.cat([finite_bf16, neighbours, specials, torch.rand(4096) * 8])
+    return torch.cat([values, -values])
+
+
+E2M1_TIES = [0.25, 0.5, 0.75, 1.0, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0]
+# E4M3: around the subnormal quanta, the normal range's first and last binades, the saturation point.
+E4M3_TIES = [2.0**-10, 1.5 * 2.0**-9, 2.0**-6, 1.0625 * 2.0**-6, 1.0, 1.0625, 1.1875, 240.0, 416.0, 432.0, 448.0,
+             464.0, 480.0]
+
+
+@pytest.mark.parametrize("e4m3", [False, True], ids=["e2m1", "e4m3"])
+def test_fast_rounding_matches_generic_on_every_bf16_value_and_each_tie(e4m3):
+    x = _hard_values(E4M3_TIES if e4m3 else E2M1_TIES).contiguous()
+    fast = torch.empty(x.numel(), dtype=torch.int32)
+    generic = torch.empty_like(fast)
+    with np.errstate(over="ignore"):
+        both_roundings(x, fast, generic, e4m3)
+    differ = (fast != generic).nonzero().flatten()
+    assert differ.numel() == 0, [(x[i].item(), fast[i].item(), generic[i].item()) for i in differ[:5]]
+    sign, max_code = (0x80, 0x7E) if e4m3 else (8, 7)  # the sample reaches every code, both signs
+    assert set(generic.unique().tolist()) == set(range(max_code + 1)) | {c | sign for c in range(1, max_code + 1)}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantize_kernels_give_the_same_bytes_with_either_rounding(fmt, dtype):
+    assert _QUANTIZE_CONSTEXPRS["FAST_E2M1"] is True  # what the launchers ship
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(3, 512, generator=g) * torch.pow(2.0, torch.randint(-20, 20, (3, 512), generator=g).float()))
+    x = x.to(dtype)
+    block = 32 if fmt == "mxfp4" else 16
+    outs = []
+    for fast in (False, True):
+        packed = torch.empty(3, 256, dtype=torch.uint8)
+        scales = torch.empty(3, 512 // block, dtype=torch.uint8)
+        if fmt == "mxfp4":
+            launch = mxfp4_quantize_launch(x, packed, scales)
+            jit = mxfp4_quantize_jit
+        else:
+            launch = nvfp4_quantize_launch(x, torch.tensor(448 * 6 / x.float().abs().max().item()), packed, scales)
+            jit = nvfp4_quantize_jit
+        launch.constexprs["FAST_E2M1"] = fast
+        jit.launch(launch)
+        outs.append((packed, scales))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
