@@ -406,7 +406,11 @@ def run(dev: str, budget: float, json_path: str | None) -> None:
         print(f"bench/attention_tiles.py: no GPU here, nothing timed; the shipped call and {n} variant launches "
               f"ran once in Triton's interpreter at tiny sizes; {len(result['failed'])} failed.")
         return
-    print("\nBest setting per geometry (declared tile data entry):")
+    from triton.runtime import driver
+    from tritonwarm.launchers._attention_tiles import target_name
+
+    print(f"\nBest setting per geometry, as launchers/paged_attention_tiles.json entries of "
+          f"\"{target_name(driver.active.get_current_target())}\":")
     for line in best_lines:
         print("  " + line)
     if result["skipped"]:
@@ -417,12 +421,11 @@ def run(dev: str, budget: float, json_path: str | None) -> None:
 
 
 def tile_entry(g: Geometry, rec: dict) -> str:
-    """The best variant in the declared data file's form (one geometry class of one target)."""
+    """The best variant as an entry of launchers/paged_attention_tiles.json (one geometry class)."""
     klass = "wide" if g.key_dim > 256 else "narrow"
-    return (f"{klass}: {{kernel: {rec['kernel']}, block_n: {rec['block_n']}, num_warps: {rec['num_warps']}, "
-            f"num_stages: {rec['num_stages']}, value_is_key: {str(rec['value_is_key']).lower()}, "
-            f"table_ahead: {str(rec['table_ahead']).lower()}, "
-            f"parts_per_sm: {rec['parts_per_sm']}}}")
+    fields = {k: rec[k] for k in ("kernel", "block_n", "num_warps", "num_stages", "value_is_key", "table_ahead",
+                                  "parts_per_sm")}
+    return f'"{klass}": {json.dumps(fields)}'
 
 
 def _one_line(e: Exception) -> str:

@@ -255,3 +255,45 @@ def test_warmup_spec_plans_cleanly(target):
     assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
     # on AMD, a KV cache over 2 GiB is another split binary (buffer ops' pointer range)
     assert len(the_plan.variants) == 2 * 2 * 2 + 1 + (0 if target == "sm90" else 2 * 2)
+
+
+# --------------------------------------------------------------------------- declared tile data
+
+def test_warmup_target_picks_its_own_tile_entry(monkeypatch):
+    """The launch spec reads the target from Triton's active driver: tracing for sm90 takes the
+    cuda:90 entry, gfx942 its own, and the same process on CPU tensors the default."""
+    from tritonwarm.launchers import _attention_tiles as tiles
+
+    def entry(block_n, stages, ahead):
+        return {"kernel": "schedule", "block_n": block_n, "num_warps": 4, "num_stages": stages,
+                "value_is_key": False, "table_ahead": ahead, "parts_per_sm": 1}
+
+    table = tiles.parse_tiles({"default": {"wide": entry(32, 1, False), "narrow": entry(64, 2, False)},
+                               "cuda:90": {"wide": entry(16, 3, True), "narrow": entry(32, 4, True)},
+                               "hip:gfx942": {"wide": entry(32, 1, False), "narrow": entry(128, 1, False)}}, "test")
+    monkeypatch.setattr(tiles, "load_tiles", lambda: table)
+    monkeypatch.setattr(tiles, "_memo", [None, None, None])
+    expected = {("sm90", "llama_gqa"): ("=32", 4), ("sm90", "deepseek_mla"): ("=16", 3),
+                ("gfx942", "llama_gqa"): ("=128", 1), ("gfx942", "deepseek_mla"): ("=32", 1)}
+    for (target, name), (block_n, stages) in expected.items():
+        split = next(v for v in trace_call(TARGETS[target], paged_decode_attention, *real_call_args(name))
+                     if v.kernel.endswith("paged_decode_attention_split_kernel"))
+        assert (split.args["BLOCK_N"], split.num_stages) == (block_n, stages), (target, name, split.args)
+    # CPU tensors (the interpreter) take the default entry, and the answer is still right
+    monkeypatch.setattr(tiles, "_memo", [None, None, None])
+    assert tiles.settings_for(torch.device("cpu"), 128).block_n == 64
+    check(GQA, 4, [45, 3], torch.float32, seed=15)
+
+
+def test_shipped_tile_data_parses_and_names_bad_fields():
+    from tritonwarm.launchers import _attention_tiles as tiles
+
+    table = tiles.load_tiles()
+    assert {"default", "cuda:90", "hip:gfx942"} <= set(table)
+    good = {"kernel": "schedule", "block_n": 32, "num_warps": 4, "num_stages": 2, "value_is_key": False,
+            "table_ahead": False, "parts_per_sm": 1}
+    with pytest.raises(ValueError, match=r"cuda:90\.narrow\.block_n: invalid value 48"):
+        tiles.parse_tiles({"default": {"wide": good, "narrow": good},
+                           "cuda:90": {"wide": good, "narrow": dict(good, block_n=48)}}, "tiles.json")
+    with pytest.raises(ValueError, match="default"):
+        tiles.parse_tiles({"cuda:90": {"wide": good, "narrow": good}}, "tiles.json")
