@@ -6,6 +6,8 @@ Two kernels, scheduled by ``kernels/mla_metadata.py``:
    range its part owns (possibly several requests) and, per request, writes one *partial* result:
    the softmax-normalized output over those blocks and its log-sum-exp (base 2), in fp32, into the
    request's split slot.
+   ``paged_decode_attention_grid_split_kernel`` is the schedule-free alternative (fixed splits per
+   request, one program per (request, split)), kept to be measured against it.
 2. ``paged_decode_attention_combine_kernel``: program (request, head) merges the request's
    partials by their log-sum-exp into the final output.
 
@@ -21,6 +23,71 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
+                   cache_block_stride, cache_token_stride, head_offset, scale_log2,
+                   PAGE_SIZE: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr, VALUE_IS_KEY: tl.constexpr,
+                   TABLE_AHEAD: tl.constexpr = False):
+    """Online softmax over tokens [token_lo, token_hi) of one request: (row_max, row_sum, acc), base 2.
+
+    ``VALUE_IS_KEY`` (MLA, value = the key's first VALUE_DIM == BLOCK_D dims): the value tile IS the
+    loaded key tile, so no second load is issued at all (without it the re-read hits cache but still
+    costs load instructions and registers).
+
+    ``TABLE_AHEAD``: each step loads the *next* tile's block ids into a loop-carried register. Loaded
+    in the same step, block ids -> K/V addresses is a chain of two loads inside one iteration, and
+    Triton's pipeliner then gives the K/V loads only ``(num_stages - 1) // 2`` buffers of lookahead;
+    carried over, the K/V addresses are known one step early and the pipeliner may go deeper.
+    """
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < KEY_DIM
+    dv = tl.arange(0, BLOCK_DV)
+    dv_mask = dv < VALUE_DIM
+    if BLOCK_D_TAIL > 0:
+        d_tail = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        d_tail_mask = d_tail < KEY_DIM
+    row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    if TABLE_AHEAD:
+        first = token_lo + tl.arange(0, BLOCK_N)
+        next_ids = tl.load(table_row + first // PAGE_SIZE, mask=first < token_hi, other=0)
+    for token_start in range(token_lo, token_hi, BLOCK_N):
+        tokens = token_start + tl.arange(0, BLOCK_N)
+        token_mask = tokens < token_hi
+        if TABLE_AHEAD:
+            block_ids = next_ids
+            ahead = tokens + BLOCK_N
+            next_ids = tl.load(table_row + ahead // PAGE_SIZE, mask=ahead < token_hi, other=0)
+        else:
+            block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
+        rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride + head_offset
+        k = tl.load(key_ptr + rows[:, None] + d[None, :], mask=token_mask[:, None] & d_mask[None, :], other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        if BLOCK_D_TAIL > 0:
+            k_tail = tl.load(key_ptr + rows[:, None] + d_tail[None, :],
+                             mask=token_mask[:, None] & d_tail_mask[None, :], other=0.0)
+            scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
+        scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        # Every tile holds at least one real token, but keep -inf - -inf (NaN) impossible anyway.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(row_max - safe_max)
+        probs = tl.exp2(scores - safe_max[:, None])
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        if VALUE_IS_KEY:
+            v = k
+        else:
+            # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
+            v = tl.load(value_ptr + rows[:, None] + dv[None, :], mask=token_mask[:, None] & dv_mask[None, :],
+                        other=0.0)
+        acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
+        row_max = new_max
+    return row_max, row_sum, acc
+
+
 @triton.jit(do_not_specialize=["block_table_stride"])
 def paged_decode_attention_split_kernel(
     q_ptr, key_ptr, value_ptr, block_table_ptr, seq_lens_ptr, schedule_ptr, num_splits_ptr,
@@ -34,6 +101,7 @@ def paged_decode_attention_split_kernel(
     KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
+    VALUE_IS_KEY: tl.constexpr = False, TABLE_AHEAD: tl.constexpr = False,
 ):
     # The hot token loop is a for loop: it compiles to far fewer registers than a while loop
     # (MLA on sm90: 162 vs 255 plus a stack frame).
@@ -72,33 +140,15 @@ def paged_decode_attention_split_kernel(
         q = tl.load(q_rows + d[None, :], mask=head_mask[:, None] & d_mask[None, :], other=0.0)
         if BLOCK_D_TAIL > 0:
             q_tail = tl.load(q_rows + d_tail[None, :], mask=head_mask[:, None] & d_tail_mask[None, :], other=0.0)
+        else:
+            q_tail = q  # unused
         table_row = block_table_ptr + request * block_table_stride
 
-        row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        row_sum = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
-        for token_start in range(token_lo, token_hi, BLOCK_N):
-            tokens = token_start + tl.arange(0, BLOCK_N)
-            token_mask = tokens < token_hi
-            block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
-            rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride + head_offset
-            k = tl.load(key_ptr + rows[:, None] + d[None, :], mask=token_mask[:, None] & d_mask[None, :], other=0.0)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-            if BLOCK_D_TAIL > 0:
-                k_tail = tl.load(key_ptr + rows[:, None] + d_tail[None, :],
-                                 mask=token_mask[:, None] & d_tail_mask[None, :], other=0.0)
-                scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
-            scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
-            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-            # Every tile holds at least one real token, but keep -inf - -inf (NaN) impossible anyway.
-            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-            rescale = tl.exp2(row_max - safe_max)
-            probs = tl.exp2(scores - safe_max[:, None])
-            row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-            # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
-            v = tl.load(value_ptr + rows[:, None] + dv[None, :], mask=token_mask[:, None] & dv_mask[None, :], other=0.0)
-            acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
-            row_max = new_max
+        row_max, row_sum, acc = _attend_tokens(
+            q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
+            cache_block_stride, cache_token_stride, head_offset, scale_log2,
+            PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY,
+            TABLE_AHEAD)
 
         # A request inside the range with no blocks (seq_len 0) has no split slot: write nothing.
         # (One vector comparison, not scalar & vector, which the interpreter turns into an int32 mask.)
@@ -110,6 +160,66 @@ def paged_decode_attention_split_kernel(
         tl.store(partial_rows + dv[None, :], out, mask=live_heads[:, None] & dv_mask[None, :])
         tl.store(partial_lse_ptr + split * lse_split_stride + heads, lse, mask=live_heads)
         request += 1
+
+
+@triton.jit(do_not_specialize=["block_table_stride", "num_splits"])
+def paged_decode_attention_grid_split_kernel(
+    q_ptr, key_ptr, value_ptr, block_table_ptr, seq_lens_ptr,
+    partial_out_ptr, partial_lse_ptr,
+    q_batch_stride, q_head_stride,
+    cache_block_stride, cache_token_stride, cache_head_stride,
+    block_table_stride,
+    partial_split_stride, partial_head_stride, lse_split_stride,
+    scale_log2, num_splits,
+    PAGE_SIZE: tl.constexpr, HEADS_PER_KV: tl.constexpr,
+    KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, BLOCK_DV: tl.constexpr,
+    VALUE_IS_KEY: tl.constexpr = False, TABLE_AHEAD: tl.constexpr = False,
+):
+    """The schedule-free alternative: program (request * num_splits + split, kv head, head tile).
+
+    Every request is cut into ``num_splits`` equal token ranges (whole BLOCK_N tiles; a range past
+    the end writes lse -inf and zeros, which the combine weighs 0), chosen on the host from the batch.
+    One token loop per program and no outer request loop, so nothing stands between the software
+    pipeliner and the loads; split slot ``request * num_splits + split`` (``num_splits`` prefix sums
+    ``r * num_splits`` for the combine kernel).
+    """
+    slot = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    request = slot // num_splits
+    split = slot % num_splits
+    group_row = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_mask = group_row < HEADS_PER_KV
+    heads = kv_head * HEADS_PER_KV + group_row
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    dv_mask = dv < VALUE_DIM
+
+    seq_len = tl.load(seq_lens_ptr + request)
+    tiles_per_split = ((seq_len + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
+    token_lo = tl.minimum(split * tiles_per_split * BLOCK_N, seq_len)
+    token_hi = tl.minimum(token_lo + tiles_per_split * BLOCK_N, seq_len)
+
+    q_rows = q_ptr + request * q_batch_stride + heads[:, None] * q_head_stride
+    q = tl.load(q_rows + d[None, :], mask=head_mask[:, None] & (d[None, :] < KEY_DIM), other=0.0)
+    if BLOCK_D_TAIL > 0:
+        d_tail = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        q_tail = tl.load(q_rows + d_tail[None, :], mask=head_mask[:, None] & (d_tail[None, :] < KEY_DIM), other=0.0)
+    else:
+        q_tail = q  # unused
+    row_max, row_sum, acc = _attend_tokens(
+        q, q_tail, key_ptr, value_ptr, block_table_ptr + request * block_table_stride, token_lo, token_hi,
+        cache_block_stride, cache_token_stride, kv_head.to(tl.int64) * cache_head_stride, scale_log2,
+        PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY,
+            TABLE_AHEAD)
+
+    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    out = acc / safe_sum[:, None]
+    lse = tl.where(row_sum > 0.0, row_max + tl.log2(safe_sum), float("-inf"))
+    partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
+    tl.store(partial_rows + dv[None, :], out, mask=head_mask[:, None] & dv_mask[None, :])
+    tl.store(partial_lse_ptr + slot * lse_split_stride + heads, lse, mask=head_mask)
 
 
 @triton.jit

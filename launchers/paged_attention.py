@@ -14,6 +14,7 @@ import torch
 
 from ..jit import JitKernel, Launch
 from ..kernels.paged_attention import paged_decode_attention_combine_kernel, paged_decode_attention_split_kernel
+from ._attention_tiles import settings_for
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op
 from .kv_cache import KVCacheLayout
@@ -43,8 +44,9 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int) -> int:
-    """FlashMLA's rule: one wave of the split grid, ``SMs // (kv heads * head tiles)`` parts.
+def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int, key_dim: int = 0) -> int:
+    """FlashMLA's rule scaled by the declared parts per SM: ``parts_per_sm * SMs // (kv heads *
+    head tiles)`` parts, i.e. that many waves of the split grid.
 
     Independent of the batch: a small batch simply leaves trailing parts empty (they exit at once).
     """
@@ -52,7 +54,8 @@ def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int
     head_tiles = cdiv(heads_per_kv, _head_tile(heads_per_kv))
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else NOMINAL_SM_COUNT
-    return max(1, sms // (num_kv_heads * head_tiles))
+    parts_per_sm = settings_for(device, key_dim).parts_per_sm if key_dim else 1
+    return max(1, parts_per_sm * sms // (num_kv_heads * head_tiles))
 
 
 def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, schedule, num_splits,
@@ -64,10 +67,14 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
     heads_per_kv = num_heads // layout.num_kv_heads
     block_h = _head_tile(heads_per_kv)
     block_d, block_d_tail = _key_chunks(key_dim)
-    # MLA's 576-wide keys: smaller token tiles, more warps for the [16, 512] fp32 accumulator, and
-    # no software pipelining, which keeps shared memory at 52 KB on sm90 and 32 KB on gfx942
-    # (two stages would need 68 KB there, over its 64 KB LDS).
-    wide = key_dim > 256
+    # Token tile, warps, stages and the two loop flags are declared per target and geometry class
+    # (paged_attention_tiles.json). The shipped MLA entries keep 576-wide keys at 52 KB of shared
+    # memory on sm90 and 32 KB on gfx942 (two plain stages would need 68 KB there, over its 64 KB LDS).
+    tiles = settings_for(q.device, key_dim)
+    block_dv = max(MIN_BLOCK, next_power_of_2(layout.value_dim))
+    # The key tile can stand in for the value tile only where the value is its first BLOCK_D dims.
+    value_is_key = tiles.value_is_key and layout.value_offset == 0 and block_dv == block_d \
+        and layout.value_dim == block_d
     # The batch only appears through the schedule and the grid; block_table's row stride (the max
     # blocks per request, a deployment setting) is do_not_specialize; strides of the cache, q and
     # the partial buffers are per-model constants whose div-16 specialization pays for itself.
@@ -82,11 +89,11 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
               float(scale) * math.log2(math.e)),
         constexprs=dict(SCHEDULE_WIDTH=SCHEDULE_WIDTH, PAGE_SIZE=layout.block_size, HEADS_PER_KV=heads_per_kv,
                         KEY_DIM=key_dim, VALUE_DIM=layout.value_dim,
-                        BLOCK_H=block_h, BLOCK_N=32 if wide else 64,
-                        BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail,
-                        BLOCK_DV=max(MIN_BLOCK, next_power_of_2(layout.value_dim))),
-        num_warps=8 if wide else 4,
-        num_stages=1 if wide else 2,
+                        BLOCK_H=block_h, BLOCK_N=tiles.block_n,
+                        BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv,
+                        VALUE_IS_KEY=value_is_key, TABLE_AHEAD=tiles.table_ahead),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
 
 
@@ -137,7 +144,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
     if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
         raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if metadata is None:
-        num_parts = default_num_sm_parts(q.device, layout.num_kv_heads, num_heads)
+        num_parts = default_num_sm_parts(q.device, layout.num_kv_heads, num_heads, key_dim)
         metadata = mla_decode_metadata(seq_lens, num_heads, layout.block_size, num_parts)
     schedule, num_splits = metadata
     if schedule.dim() != 2 or schedule.shape[1] != SCHEDULE_WIDTH or tuple(num_splits.shape) != (batch + 1,):

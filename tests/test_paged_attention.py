@@ -138,6 +138,71 @@ def test_opcheck():
                           (q, cache, block_table, lens, 0.125, schedule, num_splits, 64))
 
 
+# --------------------------------------------------------------------------- measured alternatives
+# The value-is-key and table-ahead flags and the schedule-free grid kernel exist to be measured
+# against the shipped settings (bench/attention_tiles.py); each must give the same answer.
+
+def run_split_variant(layout, num_heads, seq_lens, dtype, seed, grid_splits=None, **flags):
+    """The split + combine kernels with ``flags`` overriding the launch spec's constexprs; with
+    ``grid_splits`` the schedule-free grid kernel instead, that many splits per request."""
+    from tritonwarm.jit import JitKernel, Launch
+    from tritonwarm.kernels.paged_attention import paged_decode_attention_grid_split_kernel
+    from tritonwarm.launchers.paged_attention import (
+        paged_decode_attention_combine_jit,
+        paged_decode_attention_combine_launch,
+        paged_decode_attention_split_jit,
+        paged_decode_attention_split_launch,
+    )
+
+    q, cache, block_table, lens = make_inputs(layout, num_heads, seq_lens, dtype, seed)
+    scale = 1 / math.sqrt(layout.key_dim)
+    batch = len(seq_lens)
+    schedule, num_splits = mla_decode_metadata(lens, num_heads, layout.block_size, 3)
+    slots = batch * (grid_splits or 1) + schedule.shape[0]
+    partial_out = torch.full((slots, num_heads, layout.value_dim), float("nan"))
+    partial_lse = torch.full((slots, num_heads), float("nan"))
+    launch = paged_decode_attention_split_launch(q, cache, block_table, lens, schedule, num_splits,
+                                                 partial_out, partial_lse, scale, layout.value_dim)
+    constexprs = dict(launch.constexprs, **flags)
+    jit = paged_decode_attention_split_jit
+    if grid_splits:
+        constexprs.pop("SCHEDULE_WIDTH")
+        heads_per_kv = num_heads // layout.num_kv_heads
+        launch = Launch((batch * grid_splits, layout.num_kv_heads, -(-heads_per_kv // constexprs["BLOCK_H"])),
+                        launch.args[:5] + launch.args[7:] + (grid_splits,))
+        num_splits = torch.arange(batch + 1, dtype=torch.int32) * grid_splits
+        jit = JitKernel(paged_decode_attention_grid_split_kernel, lambda: None, name="test.grid_split")
+    jit.launch(Launch(launch.grid, launch.args, constexprs, launch.num_warps, launch.num_stages))
+    out = torch.full((batch, num_heads, layout.value_dim), float("nan"), dtype=dtype)
+    paged_decode_attention_combine_jit.launch(
+        paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, out))
+    expected = paged_decode_attention_reference(q, cache, block_table, lens, scale, layout)
+    torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
+    return out
+
+
+@pytest.mark.parametrize("table_ahead", [False, True])
+def test_mla_value_is_key(table_ahead):
+    # MLA's value is the key's first 64 (= BLOCK_D) dims: the key tile doubles as the value tile.
+    run_split_variant(MLA, 4, [33, 64, 1], torch.float32, 11, VALUE_IS_KEY=True, TABLE_AHEAD=table_ahead)
+
+
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_table_ahead_gqa(block_n):
+    # Block ids read one tile ahead: the last tile's look-ahead runs past the end (masked).
+    run_split_variant(GQA, 4, [1, 16, 45, 70], torch.float32, 12, TABLE_AHEAD=True, BLOCK_N=block_n)
+
+
+@pytest.mark.parametrize("splits", [1, 3, 5])
+def test_grid_kernel_with_empty_splits(splits):
+    # 5 splits of 45 tokens in 16-token tiles: 3 tiles, so splits past the end write lse -inf and
+    # zeros; a zero-length request has only empty splits and gives zeros.
+    out = run_split_variant(GQA, 4, [45, 0, 17], torch.float32, 13, grid_splits=splits, BLOCK_N=16,
+                            TABLE_AHEAD=splits == 3)
+    assert (out[1] == 0).all()
+    run_split_variant(MLA, 4, [100, 5], torch.bfloat16, 14, grid_splits=splits, BLOCK_N=16, VALUE_IS_KEY=True)
+
+
 # --------------------------------------------------------------------------- real geometries: compile
 
 REAL = {
@@ -190,3 +255,45 @@ def test_warmup_spec_plans_cleanly(target):
     assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
     # on AMD, a KV cache over 2 GiB is another split binary (buffer ops' pointer range)
     assert len(the_plan.variants) == 2 * 2 * 2 + 1 + (0 if target == "sm90" else 2 * 2)
+
+
+# --------------------------------------------------------------------------- declared tile data
+
+def test_warmup_target_picks_its_own_tile_entry(monkeypatch):
+    """The launch spec reads the target from Triton's active driver: tracing for sm90 takes the
+    cuda:90 entry, gfx942 its own, and the same process on CPU tensors the default."""
+    from tritonwarm.launchers import _attention_tiles as tiles
+
+    def entry(block_n, stages, ahead):
+        return {"kernel": "schedule", "block_n": block_n, "num_warps": 4, "num_stages": stages,
+                "value_is_key": False, "table_ahead": ahead, "parts_per_sm": 1}
+
+    table = tiles.parse_tiles({"default": {"wide": entry(32, 1, False), "narrow": entry(64, 2, False)},
+                               "cuda:90": {"wide": entry(16, 3, True), "narrow": entry(32, 4, True)},
+                               "hip:gfx942": {"wide": entry(32, 1, False), "narrow": entry(128, 1, False)}}, "test")
+    monkeypatch.setattr(tiles, "load_tiles", lambda: table)
+    monkeypatch.setattr(tiles, "_memo", [None, None, None])
+    expected = {("sm90", "llama_gqa"): ("=32", 4), ("sm90", "deepseek_mla"): ("=16", 3),
+                ("gfx942", "llama_gqa"): ("=128", 1), ("gfx942", "deepseek_mla"): ("=32", 1)}
+    for (target, name), (block_n, stages) in expected.items():
+        split = next(v for v in trace_call(TARGETS[target], paged_decode_attention, *real_call_args(name))
+                     if v.kernel.endswith("paged_decode_attention_split_kernel"))
+        assert (split.args["BLOCK_N"], split.num_stages) == (block_n, stages), (target, name, split.args)
+    # CPU tensors (the interpreter) take the default entry, and the answer is still right
+    monkeypatch.setattr(tiles, "_memo", [None, None, None])
+    assert tiles.settings_for(torch.device("cpu"), 128).block_n == 64
+    check(GQA, 4, [45, 3], torch.float32, seed=15)
+
+
+def test_shipped_tile_data_parses_and_names_bad_fields():
+    from tritonwarm.launchers import _attention_tiles as tiles
+
+    table = tiles.load_tiles()
+    assert {"default", "cuda:90", "hip:gfx942"} <= set(table)
+    good = {"kernel": "schedule", "block_n": 32, "num_warps": 4, "num_stages": 2, "value_is_key": False,
+            "table_ahead": False, "parts_per_sm": 1}
+    with pytest.raises(ValueError, match=r"cuda:90\.narrow\.block_n: invalid value 48"):
+        tiles.parse_tiles({"default": {"wide": good, "narrow": good},
+                           "cuda:90": {"wide": good, "narrow": dict(good, block_n=48)}}, "tiles.json")
+    with pytest.raises(ValueError, match="default"):
+        tiles.parse_tiles({"cuda:90": {"wide": good, "narrow": good}}, "tiles.json")
