@@ -54,9 +54,11 @@ def candidates() -> dict[str, object]:
         "16x64x128 w4 s4": _cfg(16, 64, 128, 1, 4, 4),
         "16x128x128 w4 s3": _cfg(16, 128, 128, 1, 4, 3),
         "16x64x256 w4 s3": _cfg(16, 64, 256, 1, 4, 3),
+        "32x64x128 g8 w4 s4": _cfg(32, 64, 128, 8, 4, 4),
         "64x128x64 g16 w4 s3": _cfg(64, 128, 64, 16, 4, 3),
         "64x128x64 g16 w4 s4": _cfg(64, 128, 64, 16, 4, 4),
         "128x128x64 g16 w8 s3": _cfg(128, 128, 64, 16, 8, 3),
+        "128x128x64 g16 w8 s4": _cfg(128, 128, 64, 16, 8, 4),
         "64x256x64 g32 w8 s3": _cfg(64, 256, 64, 32, 8, 3),
     }
 
@@ -65,9 +67,9 @@ PER_M = {  # candidate names tried at each M, beside the shipped table's entry
     1: ["16x64x128 w4 s4", "16x128x128 w4 s3", "16x64x256 w4 s3"],
     16: ["16x64x128 w4 s4", "16x128x128 w4 s3", "16x64x256 w4 s3"],
     64: ["16x64x128 w4 s4", "16x128x128 w4 s3"],
-    256: ["16x128x128 w4 s3", "64x128x64 g16 w4 s3"],
-    1024: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "64x256x64 g32 w8 s3"],
-    4096: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "64x256x64 g32 w8 s3"],
+    256: ["16x128x128 w4 s3", "32x64x128 g8 w4 s4", "64x128x64 g16 w4 s3"],
+    1024: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "128x128x64 g16 w8 s4", "64x256x64 g32 w8 s3"],
+    4096: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "128x128x64 g16 w8 s4", "64x256x64 g32 w8 s3"],
 }
 
 
@@ -77,18 +79,21 @@ def vllm_entry(config) -> dict:
 
 
 def variants(tokens) -> list[tuple[int, str, object]]:
-    """(M, name, config) for every M: the shipped table's entry first, then the candidates."""
-    from tritonwarm.launchers.fused_moe import load_tile_table
+    """(M, name, config) for every M: the entry of the table this target's runtime uses first ("table"),
+    default.json's where that differs, then the candidates (each config once per M)."""
+    from tritonwarm.launchers.fused_moe import active_tile_table, load_tile_table
 
-    shipped = load_tile_table()
+    shipped, default = active_tile_table(), load_tile_table()
     pool = candidates()
     out = []
     for m in tokens:
-        entry = shipped.select(m)
-        out.append((m, "table", entry))
-        for name in PER_M.get(m, PER_M[min(PER_M, key=lambda k: abs(k - m))]):
-            if pool[name] != entry:
-                out.append((m, name, pool[name]))
+        seen = set()
+        named = [("table", shipped.select(m)), ("default.json", default.select(m))]
+        named += [(name, pool[name]) for name in PER_M.get(m, PER_M[min(PER_M, key=lambda k: abs(k - m))])]
+        for name, config in named:
+            if config not in seen:
+                seen.add(config)
+                out.append((m, name, config))
     return out
 
 
@@ -298,7 +303,13 @@ def run_gpu(args) -> dict:
                              f"{win['graph_ms'] * 1e3:.1f}", f"{loop_ms * 1e3:.1f}" if loop_ms else "-",
                              f"{loop_ms / win['graph_ms']:.1f}x" if loop_ms else "-",
                              f"{win['gbs']:.0f}", f"{win['of_copy']:.0%}", f"{win['tflops']:.0f}"])
-    return {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "precompile_s": compile_s,
+    from triton.runtime import driver
+    from tritonwarm.jit.targets import target_from_gpu_target
+    from tritonwarm.launchers.fused_moe import target_table_path
+
+    target = target_from_gpu_target(driver.active.get_current_target()).name
+    return {"device": torch.cuda.get_device_name(), "target": target,
+            "table_file": target_table_path(target).name, "copy_gbs": copy_gbs, "precompile_s": compile_s,
             "total_s": time.perf_counter() - started, "shape": {"experts": EXPERTS, "hidden": HIDDEN,
             "intermediate": INTER, "top_k": TOP_K}, "results": results, "best_tables": best, "rows": rows}
 
@@ -323,8 +334,9 @@ def main() -> None:
     if args.emit_table and data["best_tables"].get("bf16"):
         with open(args.emit_table, "w") as f:
             json.dump(data["best_tables"]["bf16"], f, indent=1)
-    table(f"Fused MoE tiles on {data['device']} (64 experts, 2048/1408, top-6; device copy {data['copy_gbs']:.0f} "
-          f"GB/s; {data['total_s']:.0f} s, {data['precompile_s']:.0f} s of it compiling)",
+    table(f"Fused MoE tiles on {data['device']} ({data['target']}, table {data['table_file']}; 64 experts, "
+          f"2048/1408, top-6; device copy {data['copy_gbs']:.0f} GB/s; {data['total_s']:.0f} s, "
+          f"{data['precompile_s']:.0f} s of it compiling)",
           ["M", "weights", "experts hit", "table µs (graph)", "table µs (eager)", "fastest", "µs",
            "eager loop µs", "loop / fastest", "GB/s (weights once)", "of copy", "TFLOP/s"],
           data["rows"], "python bench/fused_moe_tiles.py --json moe.json")

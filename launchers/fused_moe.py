@@ -6,6 +6,11 @@ Tile configs are data: a table keyed by M, the tokens in the call, in the format
 "GROUP_SIZE_M": .., "num_warps": .., "num_stages": ..}}``), and a call uses the entry whose key is
 nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
 specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
+
+A table measured on a target (``bench/fused_moe_tiles.py`` prints one) is saved as
+``fused_moe_configs/<target>.json`` (``sm90.json``); a call without an explicit table uses the one of
+the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
+target-only driver of the target it warms, so it selects from the same table the runtime will.
 ``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
 """
 
@@ -20,12 +25,14 @@ from pathlib import Path
 import torch
 
 from ..jit import JitKernel, Launch
+from ..jit.targets import target_from_gpu_target
 from ..kernels.fused_moe import fused_moe_kernel
 from ._host import cdiv
 from ._op import custom_op
 from .moe_align import moe_align_block_size
 
-DEFAULT_CONFIGS = Path(__file__).with_name("fused_moe_configs") / "default.json"
+CONFIG_DIR = Path(__file__).with_name("fused_moe_configs")
+DEFAULT_CONFIGS = CONFIG_DIR / "default.json"
 _FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
@@ -89,6 +96,38 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
         entries.append((m, config))
     entries.sort(key=lambda e: e[0])
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
+
+
+def target_table_path(target_name: str) -> Path:
+    """``fused_moe_configs/<target>.json`` where one was measured for that target, else ``default.json``."""
+    path = CONFIG_DIR / f"{target_name}.json"
+    return path if path.is_file() else DEFAULT_CONFIGS
+
+
+_active: tuple[object, TileTable] | None = None  # (the driver it was read under, its table)
+
+
+def active_tile_table() -> TileTable:
+    """The tile table of the target Triton's active driver would compile for; ``default.json`` where
+    there is no driver (CPU only: Triton's interpreter). Cached per driver object, so a step pays one
+    identity check; a warm-up's target-only driver is another object and gets its own target's table."""
+    global _active
+    from triton.runtime import driver
+
+    try:
+        active = driver.active
+    except Exception:  # no GPU driver on this machine
+        return load_tile_table()
+    cached = _active
+    if cached is not None and cached[0] is active:
+        return cached[1]
+    try:
+        name = target_from_gpu_target(active.get_current_target()).name
+    except Exception:  # a driver without a device to ask
+        return load_tile_table()
+    table = load_tile_table(target_table_path(name))
+    _active = (active, table)
+    return table
 
 
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
@@ -160,7 +199,7 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
     if mxfp4 and (hidden_size % 32 or intermediate % 32):
         raise ValueError(f"MXFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 32")
     top_k = topk_ids.shape[1]
-    config = (tile_table or load_tile_table()).select(num_tokens)
+    config = (tile_table or active_tile_table()).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
     if hidden.stride(1) != 1:

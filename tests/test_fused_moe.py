@@ -1,6 +1,7 @@
 """The fused MoE expert GEMM in Triton's interpreter against its PyTorch reference; the tile table
 as data (selection, errors, the warm-up spec covering every entry); the custom op."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -8,17 +9,23 @@ import pytest
 import torch
 import yaml
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.kernel import fake_launches
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specialization import cpu_twin
 from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.targets import target_driver
+from tritonwarm.jit.trace import Capture
 from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_reference
 from tritonwarm.launchers.fp4 import mxfp4_quantize
 from tritonwarm.launchers.fused_moe import (
-    DEFAULT_CONFIGS,
+    CONFIG_DIR,
     TileConfig,
     TileTable,
+    active_tile_table,
     fused_moe,
     fused_moe_mxfp4,
     load_tile_table,
+    target_table_path,
 )
 
 SPEC = Path(__file__).parent.parent / "warmup_specs" / "fused_moe.yaml"
@@ -102,18 +109,73 @@ def test_tile_selection_is_nearest_key():
     assert table.bucket_tokens(100) == sorted({min(k, 100) for k in keys})
 
 
-def test_warmup_spec_names_one_token_count_per_table_entry():
+def _warmed_configs(variants) -> set[TileConfig]:
+    return {TileConfig(*(int(v.args[name][1:]) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")),
+                       v.num_warps, v.num_stages) for v in variants}
+
+
+def test_warmup_spec_names_every_key_of_every_table():
+    keys = sorted({key for path in CONFIG_DIR.glob("*.json") for key in load_tile_table(path).keys})
     documents = list(yaml.safe_load_all(SPEC.read_text()))
     assert len(documents) == 2  # bf16 weights, MXFP4 weights
     for spec in documents:
-        assert spec["axes"]["num_tokens"] == list(load_tile_table().keys)
-    the_plan = plan(load_specs([SPEC]), TARGETS["sm90"])
+        assert spec["axes"]["num_tokens"] == keys
+
+
+@pytest.mark.parametrize("target_name, table_file", [("sm90", "sm90.json"), ("gfx942", "default.json")])
+def test_each_target_warms_exactly_its_own_table(target_name, table_file):
+    assert target_table_path(target_name).name == table_file
+    table = load_tile_table(CONFIG_DIR / table_file)
+    the_plan = plan(load_specs([SPEC]), TARGETS[target_name])
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
-    configs = set(load_tile_table().configs)
+    assert _warmed_configs(gemm) == set(table.configs)
     # gate/up and down for each distinct entry, for each weight format
-    assert len(gemm) == 2 * 2 * len(configs)
-    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(configs)
+    assert len(gemm) == 2 * 2 * len(set(table.configs))
+    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(set(table.configs))
+
+
+def test_the_active_table_follows_the_driver_target(tmp_path, monkeypatch):
+    assert active_tile_table() == load_tile_table()  # no GPU driver here: the interpreter's default
+    with target_driver(TARGETS["sm90"]):
+        assert active_tile_table() == load_tile_table(CONFIG_DIR / "sm90.json")
+    with target_driver(TARGETS["gfx942"]):
+        assert active_tile_table() == load_tile_table()
+    # a table saved for a target is picked up by the next driver of that target
+    monkeypatch.setattr(importlib.import_module("tritonwarm.launchers.fused_moe"), "CONFIG_DIR", tmp_path)
+    entry = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 2, "num_warps": 2,
+             "num_stages": 2}
+    (tmp_path / "gfx942.json").write_text(json.dumps({"8": entry}))
+    with target_driver(TARGETS["gfx942"]):
+        assert active_tile_table().configs == (TileConfig(32, 32, 32, 2, 2, 2),)
+
+
+def _launched_keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
+    cap = Capture()
+    with fake_launches(cap, target):
+        spec.launcher(*args, **kwargs)
+    return {(v.kernel, v.key) for v in cap.variants.values() if v.kernel.endswith("fused_moe_kernel")}
+
+
+def test_sm90_warms_the_keys_its_runtime_launches_at_every_bucket():
+    """Per row (one M bucket of sm90's table): the keys warm-up traces equal the keys Triton computes
+    for real CPU tensors of the same layout under the same driver, and over all rows they are exactly
+    the sm90 table's entries (both GEMMs, both weight formats)."""
+    table = load_tile_table(CONFIG_DIR / "sm90.json")
+    assert table != load_tile_table()  # otherwise this would not tell the two tables apart
+    target = TARGETS["sm90"]
+    warmed_all = set()
+    for spec in load_specs([SPEC]):
+        per_config = {}
+        for row in spec.rows():
+            args, kwargs = spec.call_arguments(row.values)
+            warmed = _launched_keys(spec, target, args, kwargs)
+            assert warmed == _launched_keys(spec, target, cpu_twin(args), cpu_twin(kwargs)), row.label
+            assert len(warmed) == 2  # gate/up and down
+            per_config.setdefault(table.select(row.values["num_tokens"]), set()).update(warmed)
+            warmed_all |= warmed
+        assert set(per_config) == set(table.configs)
+    assert len(warmed_all) == 2 * 2 * len(set(table.configs))
 
 
 def mxfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
@@ -164,8 +226,10 @@ def test_bad_tile_tables_name_file_and_field(tmp_path, data, message):
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
-def test_default_table_is_vllm_format():
-    data = json.loads(DEFAULT_CONFIGS.read_text())
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_shipped_tables_are_vllm_format(path):
+    data = json.loads(path.read_text())
+    load_tile_table(path)
     assert all(set(v) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
                for v in data.values())
 
