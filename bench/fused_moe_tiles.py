@@ -1,6 +1,6 @@
 """Fused MoE tile configs measured, not guessed: at DeepSeek-V2-Lite's expert shape (64 experts,
 hidden 2048, intermediate 1408, top-6, bf16 activations), for each M (tokens per call) the shipped
-table's entry against a few candidates, bf16 and MXFP4 weights, beside the eager per-expert loop and
+table's entry against a few candidates, bf16, MXFP4 and NVFP4 weights, beside the eager per-expert loop and
 the weight-bytes roofline (each routed expert's weights read once), with a device copy's bandwidth
 measured in the same run.
 
@@ -37,6 +37,7 @@ from _common import save_json, table  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 64, 2048, 1408, 6
 TOKENS = (1, 16, 64, 256, 1024, 4096)
+FORMATS = ("bf16", "mxfp4", "nvfp4")
 
 
 def _cfg(m, n, k, g, w, s):
@@ -108,24 +109,40 @@ class Layer:
             self.weights = (w_gate_up, w_down)
             self.dense = (w_gate_up, w_down)
             self.nbytes_per_expert = (w_gate_up[0].nbytes + w_down[0].nbytes)
-        else:  # mxfp4: the reference uses the exact dequantized weights
+        elif fmt == "mxfp4":  # the reference uses the exact dequantized weights
             gu, gu_s = L.mxfp4_quantize(w_gate_up)
             dn, dn_s = L.mxfp4_quantize(w_down)
             self.weights = (gu, gu_s, dn, dn_s)
             self.dense = (L.mxfp4_dequantize(gu, gu_s, w_gate_up.dtype), L.mxfp4_dequantize(dn, dn_s, w_down.dtype))
             self.nbytes_per_expert = gu[0].nbytes + gu_s[0].nbytes + dn[0].nbytes + dn_s[0].nbytes
+        else:  # nvfp4, one global scale per expert; the reference dequantizes as nvfp4_dequantize rounds
+            gu, gu_s, gu_g, gu_dense = _nvfp4_per_expert(w_gate_up)
+            dn, dn_s, dn_g, dn_dense = _nvfp4_per_expert(w_down)
+            self.weights = (gu, gu_s, gu_g, dn, dn_s, dn_g)
+            self.dense = (gu_dense, dn_dense)
+            self.nbytes_per_expert = gu[0].nbytes + gu_s[0].nbytes + dn[0].nbytes + dn_s[0].nbytes + 8
 
     def call(self, hidden, topk_w, ids, table):
         from tritonwarm import launchers as L
 
-        if self.fmt == "bf16":
-            return L.fused_moe(hidden, *self.weights, topk_w, ids, tile_table=table)
-        return L.fused_moe_mxfp4(hidden, *self.weights, topk_w, ids, tile_table=table)
+        call = {"bf16": L.fused_moe, "mxfp4": L.fused_moe_mxfp4, "nvfp4": L.fused_moe_nvfp4}[self.fmt]
+        return call(hidden, *self.weights, topk_w, ids, tile_table=table)
 
     def reference(self, hidden, topk_w, ids):
         from tritonwarm.kernels.fused_moe import fused_moe_reference
 
         return fused_moe_reference(hidden, *self.dense, topk_w, ids)
+
+
+def _nvfp4_per_expert(w):
+    """(packed, scales, global scales [E], dequantized) with each expert's global scale 448 * 6 / amax."""
+    from tritonwarm import launchers as L
+
+    global_scales = (448.0 * 6.0 / w.float().abs().amax(dim=(1, 2))).contiguous()
+    parts = [L.nvfp4_quantize(w[e], global_scales[e]) for e in range(w.shape[0])]
+    dense = [L.nvfp4_dequantize(p, sc, global_scales[e], w.dtype) for e, (p, sc) in enumerate(parts)]
+    return (torch.stack([p for p, _ in parts]), torch.stack([sc for _, sc in parts]), global_scales,
+            torch.stack(dense))
 
 
 def make_weights(dev, experts, hidden, inter, seed=0):
@@ -206,7 +223,7 @@ def run_cpu() -> None:
     """Every variant once at a tiny size in the interpreter, checked against the reference."""
     experts, hidden, inter, top_k = 8, 64, 32, 2
     w_gu, w_dn = make_weights("cpu", experts, hidden, inter)
-    layers = [Layer(fmt, w_gu, w_dn, "cpu") for fmt in ("bf16", "mxfp4")]
+    layers = [Layer(fmt, w_gu, w_dn, "cpu") for fmt in FORMATS]
     checked, wrong = 0, []
     for m, name, config in variants(TOKENS):
         h, tw, ids = make_tokens(min(m, 5), "cpu", experts, hidden, top_k, m)
@@ -254,15 +271,19 @@ def run_gpu(args) -> dict:
     from kernels import _moe_loop as moe_loop
 
     results, rows, best = [], [], {fmt: {} for fmt in formats}
+    inputs = {}  # M -> (hidden, topk weights, ids, experts hit, eager loop ms)
     for m in args.tokens:
         h, tw, ids = make_tokens(m, dev, EXPERTS, HIDDEN, TOP_K, m)
-        experts_hit = int(torch.unique(ids).numel())
         try:
             loop_ms = _bench_eager(lambda h=h, tw=tw, ids=ids: moe_loop(h, w_gu, w_dn, tw, ids))
         except Exception as e:
             loop_ms = None
             print(f"M={m}: eager loop failed: {type(e).__name__}: {e}", file=sys.stderr)
-        for fmt, layer in layers.items():
+        inputs[m] = (h, tw, ids, int(torch.unique(ids).numel()), loop_ms)
+    # format by format, so that a run past its budget loses the newest format's figures first
+    for fmt, layer in layers.items():
+        for m in args.tokens:
+            h, tw, ids, experts_hit, loop_ms = inputs[m]
             want = layer.reference(h, tw, ids)
             roof_bytes = experts_hit * layer.nbytes_per_expert + 2 * h.nbytes
             flops = 2 * m * TOP_K * 3 * INTER * HIDDEN  # gate/up (2I x H) and down (H x I) per slot
@@ -303,6 +324,7 @@ def run_gpu(args) -> dict:
                              f"{win['graph_ms'] * 1e3:.1f}", f"{loop_ms * 1e3:.1f}" if loop_ms else "-",
                              f"{loop_ms / win['graph_ms']:.1f}x" if loop_ms else "-",
                              f"{win['gbs']:.0f}", f"{win['of_copy']:.0%}", f"{win['tflops']:.0f}"])
+    rows.sort(key=lambda row: (row[0], formats.index(row[1])))
     from triton.runtime import driver
     from tritonwarm.jit.targets import target_from_gpu_target
     from tritonwarm.launchers.fused_moe import target_table_path
@@ -318,7 +340,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write every measured figure to this file")
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    p.add_argument("--formats", nargs="+", default=["bf16", "mxfp4"], choices=["bf16", "mxfp4"])
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
     p.add_argument("--budget-s", type=float, default=52.0, help="stop starting new variants after this")
     p.add_argument("--emit-table", help="write the fastest bf16 config per M here (vLLM's JSON format)")

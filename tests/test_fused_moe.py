@@ -15,8 +15,8 @@ from tritonwarm.jit.specialization import cpu_twin
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.targets import target_driver
 from tritonwarm.jit.trace import Capture
-from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_reference
-from tritonwarm.launchers.fp4 import mxfp4_quantize
+from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_nvfp4_reference, fused_moe_reference
+from tritonwarm.launchers.fp4 import mxfp4_quantize, nvfp4_quantize
 from tritonwarm.launchers.fused_moe import (
     CONFIG_DIR,
     TileConfig,
@@ -24,6 +24,7 @@ from tritonwarm.launchers.fused_moe import (
     active_tile_table,
     fused_moe,
     fused_moe_mxfp4,
+    fused_moe_nvfp4,
     load_tile_table,
     target_table_path,
 )
@@ -117,7 +118,7 @@ def _warmed_configs(variants) -> set[TileConfig]:
 def test_warmup_spec_names_every_key_of_every_table():
     keys = sorted({key for path in CONFIG_DIR.glob("*.json") for key in load_tile_table(path).keys})
     documents = list(yaml.safe_load_all(SPEC.read_text()))
-    assert len(documents) == 2  # bf16 weights, MXFP4 weights
+    assert len(documents) == 3  # bf16, MXFP4 and NVFP4 weights
     for spec in documents:
         assert spec["axes"]["num_tokens"] == keys
 
@@ -129,9 +130,10 @@ def test_each_target_warms_exactly_its_own_table(target_name, table_file):
     the_plan = plan(load_specs([SPEC]), TARGETS[target_name])
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
-    assert _warmed_configs(gemm) == set(table.configs)
+    nvfp4 = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_nvfp4_kernel")]
+    assert _warmed_configs(gemm) == set(table.configs) == _warmed_configs(nvfp4)
     # gate/up and down for each distinct entry, for each weight format
-    assert len(gemm) == 2 * 2 * len(set(table.configs))
+    assert len(gemm) == 2 * 2 * len(set(table.configs)) and len(nvfp4) == 2 * len(set(table.configs))
     assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(set(table.configs))
 
 
@@ -154,13 +156,14 @@ def _launched_keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
     cap = Capture()
     with fake_launches(cap, target):
         spec.launcher(*args, **kwargs)
-    return {(v.kernel, v.key) for v in cap.variants.values() if v.kernel.endswith("fused_moe_kernel")}
+    return {(v.kernel, v.key) for v in cap.variants.values() if v.kernel.endswith(("fused_moe_kernel",
+                                                                                      "fused_moe_nvfp4_kernel"))}
 
 
 def test_sm90_warms_the_keys_its_runtime_launches_at_every_bucket():
     """Per row (one M bucket of sm90's table): the keys warm-up traces equal the keys Triton computes
     for real CPU tensors of the same layout under the same driver, and over all rows they are exactly
-    the sm90 table's entries (both GEMMs, both weight formats)."""
+    the sm90 table's entries (both GEMMs, each weight format)."""
     table = load_tile_table(CONFIG_DIR / "sm90.json")
     assert table != load_tile_table()  # otherwise this would not tell the two tables apart
     target = TARGETS["sm90"]
@@ -175,7 +178,7 @@ def test_sm90_warms_the_keys_its_runtime_launches_at_every_bucket():
             per_config.setdefault(table.select(row.values["num_tokens"]), set()).update(warmed)
             warmed_all |= warmed
         assert set(per_config) == set(table.configs)
-    assert len(warmed_all) == 2 * 2 * len(set(table.configs))
+    assert len(warmed_all) == 3 * 2 * len(set(table.configs))
 
 
 def mxfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
@@ -211,6 +214,50 @@ def test_mxfp4_shapes_are_checked():
         fused_moe_mxfp4(x, gp.float(), gs, dp, ds, w, ids)
 
 
+def nvfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
+    """Each expert quantized with its own global scale (448 * 6 / amax), as checkpoints store them."""
+    x, w_gate_up, w_down, weights, ids = moe_inputs(num_tokens, hidden, intermediate, experts, top_k,
+                                                    torch.float32, seed, ids)
+
+    def quantize(w):
+        global_scales = (448.0 * 6.0 / w.abs().amax(dim=(1, 2))).float()
+        pairs = [nvfp4_quantize(w[e], global_scales[e]) for e in range(w.shape[0])]
+        return torch.stack([p for p, _ in pairs]), torch.stack([s for _, s in pairs]), global_scales
+
+    return (x.to(dtype), *quantize(w_gate_up), *quantize(w_down), weights, ids)
+
+
+@pytest.mark.parametrize("shape, dtype, seed, table", [
+    ((5, 64, 32, 4, 2), torch.float32, 20, SMALL),
+    ((19, 32, 48, 6, 3), torch.bfloat16, 21, SMALL),  # intermediate 48: K off a 32-wide tile
+    ((7, 64, 32, 8, 2), torch.bfloat16, 22, None),  # the table this machine's runtime picks
+])
+def test_nvfp4_weights_match_the_dequantized_reference(shape, dtype, seed, table):
+    inputs = nvfp4_inputs(*shape, dtype, seed)
+    assert not torch.equal(inputs[3][0], inputs[3][1])  # experts have their own global scales
+    got = fused_moe_nvfp4(*inputs, tile_table=table)
+    want = fused_moe_nvfp4_reference(*inputs)
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=atol)
+
+
+def test_nvfp4_with_dropped_slots_and_idle_experts():
+    ids = torch.tensor([[0, 3], [3, -1], [0, 0]], dtype=torch.int32)
+    inputs = nvfp4_inputs(3, 64, 32, 5, 2, torch.float32, 23, ids=ids)
+    torch.testing.assert_close(fused_moe_nvfp4(*inputs, tile_table=SMALL), fused_moe_nvfp4_reference(*inputs),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_nvfp4_shapes_are_checked():
+    x, gp, gs, gg, dp, ds, dg, w, ids = nvfp4_inputs(2, 64, 32, 2, 1, torch.float32, 24)
+    with pytest.raises(ValueError, match="w_gate_up_scales must be"):
+        fused_moe_nvfp4(x, gp, gs[..., :1], gg, dp, ds, dg, w, ids)
+    with pytest.raises(ValueError, match="w_down_global_scales must be float32"):
+        fused_moe_nvfp4(x, gp, gs, gg, dp, ds, dg[:1], w, ids)
+    with pytest.raises(ValueError, match="packed uint8"):
+        fused_moe_nvfp4(x, gp.float(), gs, gg, dp, ds, dg, w, ids)
+
+
 @pytest.mark.parametrize("data, message", [
     ({"x": {}}, "not an integer M"),
     ({"1": {"BLOCK_SIZE_M": 16}}, "missing BLOCK_SIZE_N"),
@@ -238,3 +285,9 @@ def test_opcheck():
     inputs = moe_inputs(3, 32, 16, 4, 2, torch.float32, 8)
     torch.library.opcheck(torch.ops.tritonwarm.fused_moe.default, inputs)
     torch.library.opcheck(torch.ops.tritonwarm.fused_moe_mxfp4.default, mxfp4_inputs(3, 32, 32, 4, 2, torch.float32, 9))
+    nvfp4_op = torch.ops.tritonwarm.fused_moe_nvfp4.default
+    x, gp, gs, gg, dp, ds, dg, w, ids = nvfp4_inputs(3, 32, 16, 4, 2, torch.float32, 25)
+    torch.library.opcheck(nvfp4_op, (x, gp, gs.view(torch.uint8), gg, dp, ds.view(torch.uint8), dg, w, ids))
+    # the schema check compares inputs with allclose, which has no float8 kernel on the CPU
+    checks = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(nvfp4_op, (x, gp, gs, gg, dp, ds, dg, w, ids), test_utils=checks)
