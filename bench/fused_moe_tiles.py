@@ -242,6 +242,17 @@ def run_cpu() -> None:
           f"interpreter at {experts} experts, {hidden}/{inter}, top-{top_k}; {len(wrong)} wrong or failed.")
 
 
+def _eager_moe_loop():
+    """bench/kernels.py's per-expert loop, loaded by path (a ``kernels`` package may shadow the name)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "kernels.py")
+    spec = importlib.util.spec_from_file_location("bench_kernels", path)
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module._moe_loop
+
+
 def _bench_graph(fn) -> float:
     """Median ms of ``fn`` replayed from a CUDA graph (the GPU's time, no host launch overhead)."""
     from triton.testing import do_bench_cudagraph
@@ -268,7 +279,7 @@ def run_gpu(args) -> dict:
     del big
     w_gu, w_dn = make_weights(dev, EXPERTS, HIDDEN, INTER)
     layers = {fmt: Layer(fmt, w_gu, w_dn, dev) for fmt in formats}
-    from kernels import _moe_loop as moe_loop
+    moe_loop = _eager_moe_loop()
 
     results, rows, best = [], [], {fmt: {} for fmt in formats}
     inputs = {}  # M -> (hidden, topk weights, ids, experts hit, eager loop ms)
