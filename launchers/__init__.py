@@ -5,7 +5,7 @@ Importing this package also registers each launcher as a PyTorch custom op (``to
 
 from .activation import silu_and_mul
 from .fp4 import mxfp4_dequantize, mxfp4_quantize, nvfp4_dequantize, nvfp4_quantize
-from .fused_moe import fused_moe, fused_moe_mxfp4
+from .fused_moe import fused_moe, fused_moe_mxfp4, fused_moe_nvfp4
 from .kv_block_zero import kv_block_zero
 from .kv_cache import KVCacheLayout
 from .mla_metadata import mla_decode_metadata
@@ -16,7 +16,7 @@ from .rms_norm import rms_norm
 from .rotary import rotary_embedding
 
 __all__ = [
-    "KVCacheLayout", "fused_moe", "fused_moe_mxfp4", "kv_block_zero", "mla_decode_metadata", "moe_align_block_size",
-    "moe_topk_routing", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize", "nvfp4_quantize",
-    "paged_decode_attention", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "KVCacheLayout", "fused_moe", "fused_moe_mxfp4", "fused_moe_nvfp4", "kv_block_zero", "mla_decode_metadata",
+    "moe_align_block_size", "moe_topk_routing", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize",
+    "nvfp4_quantize", "paged_decode_attention", "rms_norm", "rotary_embedding", "silu_and_mul",
 ]

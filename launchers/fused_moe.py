@@ -6,6 +6,11 @@ Tile configs are data: a table keyed by M, the tokens in the call, in the format
 "GROUP_SIZE_M": .., "num_warps": .., "num_stages": ..}}``), and a call uses the entry whose key is
 nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
 specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
+
+A table measured on a target (``bench/fused_moe_tiles.py`` prints one) is saved as
+``fused_moe_configs/<target>.json`` (``sm90.json``); a call without an explicit table uses the one of
+the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
+target-only driver of the target it warms, so it selects from the same table the runtime will.
 ``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
 """
 
@@ -20,12 +25,14 @@ from pathlib import Path
 import torch
 
 from ..jit import JitKernel, Launch
-from ..kernels.fused_moe import fused_moe_kernel
+from ..jit.targets import target_from_gpu_target
+from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
 from ._host import cdiv
 from ._op import custom_op
 from .moe_align import moe_align_block_size
 
-DEFAULT_CONFIGS = Path(__file__).with_name("fused_moe_configs") / "default.json"
+CONFIG_DIR = Path(__file__).with_name("fused_moe_configs")
+DEFAULT_CONFIGS = CONFIG_DIR / "default.json"
 _FIELDS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
@@ -91,6 +98,38 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
 
 
+def target_table_path(target_name: str) -> Path:
+    """``fused_moe_configs/<target>.json`` where one was measured for that target, else ``default.json``."""
+    path = CONFIG_DIR / f"{target_name}.json"
+    return path if path.is_file() else DEFAULT_CONFIGS
+
+
+_active: tuple[object, TileTable] | None = None  # (the driver it was read under, its table)
+
+
+def active_tile_table() -> TileTable:
+    """The tile table of the target Triton's active driver would compile for; ``default.json`` where
+    there is no driver (CPU only: Triton's interpreter). Cached per driver object, so a step pays one
+    identity check; a warm-up's target-only driver is another object and gets its own target's table."""
+    global _active
+    from triton.runtime import driver
+
+    try:
+        active = driver.active
+    except Exception:  # no GPU driver on this machine
+        return load_tile_table()
+    cached = _active
+    if cached is not None and cached[0] is active:
+        return cached[1]
+    try:
+        name = target_from_gpu_target(active.get_current_target()).name
+    except Exception:  # a driver without a device to ask
+        return load_tile_table()
+    table = load_tile_table(target_table_path(name))
+    _active = (active, table)
+    return table
+
+
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
 # N, K and the strides are per-model constants; TOP_K, the tile, the GEMM kind and the weight format
 # are constexprs. ``b_scales`` is None for dense weights (the kernel never reads the scale pointer then).
@@ -117,6 +156,28 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
 
 
 fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch)
+
+
+def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights, sorted_token_ids, expert_ids,
+                                num_tokens_post_padded, top_k: int, gated: bool, mul_routed_weight: bool,
+                                config: TileConfig) -> Launch | None:
+    """As ``fused_moe_gemm_launch``, for NVFP4 weights: scales as bytes, one fp32 global scale per expert."""
+    num_m_blocks = expert_ids.shape[0]
+    n = c.shape[1]
+    if num_m_blocks == 0 or n == 0:
+        return None
+    return Launch(
+        grid=(num_m_blocks * cdiv(n, config.block_n),),
+        args=(a, b, b_scales, b_global_scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
+              topk_weights.numel(), num_m_blocks, n, a.shape[1], a.stride(0), b.stride(0), b.stride(1),
+              b_scales.stride(0), b_scales.stride(1), c.stride(0)),
+        constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
+                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+
+
+fused_moe_nvfp4_gemm_jit = JitKernel(fused_moe_nvfp4_kernel, fused_moe_nvfp4_gemm_launch)
 
 
 def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
@@ -149,18 +210,48 @@ def fused_moe_mxfp4(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_sca
                       num_experts, two_i // 2, 2 * half_k, tile_table)
 
 
+def fused_moe_nvfp4(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_scales: torch.Tensor,
+                    w_gate_up_global_scales: torch.Tensor, w_down: torch.Tensor, w_down_scales: torch.Tensor,
+                    w_down_global_scales: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    tile_table: TileTable | None = None) -> torch.Tensor:
+    """``fused_moe`` with NVFP4 expert weights as ``nvfp4_quantize`` packs them along K, one global
+    scale per expert (each expert quantized with its own): ``w_gate_up`` uint8 [E, 2I, H/2] + FP8 E4M3
+    scales [E, 2I, H/16] + fp32 [E]; ``w_down`` uint8 [E, H, I/2] + [E, H, I/16] + fp32 [E]; H and I
+    multiples of 16. Decoded tile by tile in registers (never in memory)."""
+    num_experts, two_i, half_k = w_gate_up.shape
+    if w_gate_up.dtype != torch.uint8 or w_down.dtype != torch.uint8:
+        raise ValueError("NVFP4 weights are packed uint8 (nvfp4_quantize's output)")
+    for name, scales, packed in (("w_gate_up_scales", w_gate_up_scales, w_gate_up), ("w_down_scales", w_down_scales,
+                                                                                       w_down)):
+        if scales.dtype not in (torch.float8_e4m3fn, torch.uint8) or \
+                tuple(scales.shape) != (*packed.shape[:2], packed.shape[2] // 8):
+            raise ValueError(f"NVFP4 {name} must be float8_e4m3fn [E, N, K/16] beside packed weights [E, N, K/2], "
+                             f"got {scales.dtype} {tuple(scales.shape)}")
+    for name, global_scales in (("w_gate_up_global_scales", w_gate_up_global_scales),
+                                ("w_down_global_scales", w_down_global_scales)):
+        if global_scales.dtype != torch.float32 or tuple(global_scales.shape) != (num_experts,):
+            raise ValueError(f"NVFP4 {name} must be float32 [{num_experts}] (one per expert), "
+                             f"got {global_scales.dtype} {tuple(global_scales.shape)}")
+    return _fused_moe(hidden, w_gate_up, w_gate_up_scales.view(torch.uint8), w_down, w_down_scales.view(torch.uint8),
+                      topk_weights, topk_ids, num_experts, two_i // 2, 2 * half_k, tile_table,
+                      global_scales=(w_gate_up_global_scales.contiguous(), w_down_global_scales.contiguous()))
+
+
 def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weights, topk_ids, num_experts,
-               intermediate, k_in, tile_table):
+               intermediate, k_in, tile_table, global_scales=None):
     num_tokens, hidden_size = hidden.shape
-    mxfp4 = gate_up_scales is not None
-    down_k = w_down.shape[2] * (2 if mxfp4 else 1)
+    mxfp4 = gate_up_scales is not None and global_scales is None
+    packed = gate_up_scales is not None
+    down_k = w_down.shape[2] * (2 if packed else 1)
     if k_in != hidden_size or tuple(w_down.shape[:2]) != (num_experts, hidden_size) or down_k != intermediate:
         raise ValueError(f"expert weights {tuple(w_gate_up.shape)} / {tuple(w_down.shape)} do not fit "
                          f"hidden size {hidden_size}: expected [E, 2I, H] and [E, H, I]")
     if mxfp4 and (hidden_size % 32 or intermediate % 32):
         raise ValueError(f"MXFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 32")
+    if global_scales is not None and (hidden_size % 16 or intermediate % 16):
+        raise ValueError(f"NVFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 16")
     top_k = topk_ids.shape[1]
-    config = (tile_table or load_tile_table()).select(num_tokens)
+    config = (tile_table or active_tile_table()).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
     if hidden.stride(1) != 1:
@@ -171,12 +262,18 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
         weights = weights.contiguous()
     slots = num_tokens * top_k
     act = hidden.new_empty((slots, intermediate))
-    fused_moe_gemm_jit(hidden, w_gate_up, gate_up_scales, act, weights, sorted_ids, expert_ids, post_padded, top_k,
-                       True, False, config)
     # Zeros: a slot routed to no expert of this rank (id -1) is never written and must add nothing.
     per_slot = torch.zeros((slots, hidden_size), dtype=torch.float32, device=hidden.device)
-    fused_moe_gemm_jit(act, w_down, down_scales, per_slot, weights, sorted_ids, expert_ids, post_padded, 1, False,
-                       True, config)
+    if global_scales is None:
+        fused_moe_gemm_jit(hidden, w_gate_up, gate_up_scales, act, weights, sorted_ids, expert_ids, post_padded,
+                           top_k, True, False, config)
+        fused_moe_gemm_jit(act, w_down, down_scales, per_slot, weights, sorted_ids, expert_ids, post_padded, 1,
+                           False, True, config)
+    else:
+        fused_moe_nvfp4_gemm_jit(hidden, w_gate_up, gate_up_scales, global_scales[0], act, weights, sorted_ids,
+                                 expert_ids, post_padded, top_k, True, False, config)
+        fused_moe_nvfp4_gemm_jit(act, w_down, down_scales, global_scales[1], per_slot, weights, sorted_ids,
+                                 expert_ids, post_padded, 1, False, True, config)
     return per_slot.view(num_tokens, top_k, hidden_size).sum(dim=1).to(hidden.dtype)
 
 
@@ -200,4 +297,19 @@ def _fused_moe_mxfp4_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up
 
 @_fused_moe_mxfp4_op.register_fake
 def _(hidden, w_gate_up, w_gate_up_scales, w_down, w_down_scales, topk_weights, topk_ids):
+    return torch.empty_like(hidden)
+
+
+@custom_op("tritonwarm::fused_moe_nvfp4", mutates_args=())
+def _fused_moe_nvfp4_op(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_scales: torch.Tensor,
+                        w_gate_up_global_scales: torch.Tensor, w_down: torch.Tensor, w_down_scales: torch.Tensor,
+                        w_down_global_scales: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor) -> torch.Tensor:
+    return fused_moe_nvfp4(hidden, w_gate_up, w_gate_up_scales, w_gate_up_global_scales, w_down, w_down_scales,
+                           w_down_global_scales, topk_weights, topk_ids)
+
+
+@_fused_moe_nvfp4_op.register_fake
+def _(hidden, w_gate_up, w_gate_up_scales, w_gate_up_global_scales, w_down, w_down_scales, w_down_global_scales,
+      topk_weights, topk_ids):
     return torch.empty_like(hidden)

@@ -1,6 +1,7 @@
 """The fused MoE expert GEMM in Triton's interpreter against its PyTorch reference; the tile table
 as data (selection, errors, the warm-up spec covering every entry); the custom op."""
 
+import importlib
 import json
 from pathlib import Path
 
@@ -8,17 +9,24 @@ import pytest
 import torch
 import yaml
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.kernel import fake_launches
 from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specialization import cpu_twin
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_reference
-from tritonwarm.launchers.fp4 import mxfp4_quantize
+from tritonwarm.jit.targets import target_driver
+from tritonwarm.jit.trace import Capture
+from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_nvfp4_reference, fused_moe_reference
+from tritonwarm.launchers.fp4 import mxfp4_quantize, nvfp4_quantize
 from tritonwarm.launchers.fused_moe import (
-    DEFAULT_CONFIGS,
+    CONFIG_DIR,
     TileConfig,
     TileTable,
+    active_tile_table,
     fused_moe,
     fused_moe_mxfp4,
+    fused_moe_nvfp4,
     load_tile_table,
+    target_table_path,
 )
 
 SPEC = Path(__file__).parent.parent / "warmup_specs" / "fused_moe.yaml"
@@ -102,18 +110,75 @@ def test_tile_selection_is_nearest_key():
     assert table.bucket_tokens(100) == sorted({min(k, 100) for k in keys})
 
 
-def test_warmup_spec_names_one_token_count_per_table_entry():
+def _warmed_configs(variants) -> set[TileConfig]:
+    return {TileConfig(*(int(v.args[name][1:]) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")),
+                       v.num_warps, v.num_stages) for v in variants}
+
+
+def test_warmup_spec_names_every_key_of_every_table():
+    keys = sorted({key for path in CONFIG_DIR.glob("*.json") for key in load_tile_table(path).keys})
     documents = list(yaml.safe_load_all(SPEC.read_text()))
-    assert len(documents) == 2  # bf16 weights, MXFP4 weights
+    assert len(documents) == 3  # bf16, MXFP4 and NVFP4 weights
     for spec in documents:
-        assert spec["axes"]["num_tokens"] == list(load_tile_table().keys)
-    the_plan = plan(load_specs([SPEC]), TARGETS["sm90"])
+        assert spec["axes"]["num_tokens"] == keys
+
+
+@pytest.mark.parametrize("target_name, table_file", [("sm90", "sm90.json"), ("gfx942", "default.json")])
+def test_each_target_warms_exactly_its_own_table(target_name, table_file):
+    assert target_table_path(target_name).name == table_file
+    table = load_tile_table(CONFIG_DIR / table_file)
+    the_plan = plan(load_specs([SPEC]), TARGETS[target_name])
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
-    configs = set(load_tile_table().configs)
+    nvfp4 = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_nvfp4_kernel")]
+    assert _warmed_configs(gemm) == set(table.configs) == _warmed_configs(nvfp4)
     # gate/up and down for each distinct entry, for each weight format
-    assert len(gemm) == 2 * 2 * len(configs)
-    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(configs)
+    assert len(gemm) == 2 * 2 * len(set(table.configs)) and len(nvfp4) == 2 * len(set(table.configs))
+    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(set(table.configs))
+
+
+def test_the_active_table_follows_the_driver_target(tmp_path, monkeypatch):
+    assert active_tile_table() == load_tile_table()  # no GPU driver here: the interpreter's default
+    with target_driver(TARGETS["sm90"]):
+        assert active_tile_table() == load_tile_table(CONFIG_DIR / "sm90.json")
+    with target_driver(TARGETS["gfx942"]):
+        assert active_tile_table() == load_tile_table()
+    # a table saved for a target is picked up by the next driver of that target
+    monkeypatch.setattr(importlib.import_module("tritonwarm.launchers.fused_moe"), "CONFIG_DIR", tmp_path)
+    entry = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 2, "num_warps": 2,
+             "num_stages": 2}
+    (tmp_path / "gfx942.json").write_text(json.dumps({"8": entry}))
+    with target_driver(TARGETS["gfx942"]):
+        assert active_tile_table().configs == (TileConfig(32, 32, 32, 2, 2, 2),)
+
+
+def _launched_keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
+    cap = Capture()
+    with fake_launches(cap, target):
+        spec.launcher(*args, **kwargs)
+    return {(v.kernel, v.key) for v in cap.variants.values() if v.kernel.endswith(("fused_moe_kernel",
+                                                                                      "fused_moe_nvfp4_kernel"))}
+
+
+def test_sm90_warms_the_keys_its_runtime_launches_at_every_bucket():
+    """Per row (one M bucket of sm90's table): the keys warm-up traces equal the keys Triton computes
+    for real CPU tensors of the same layout under the same driver, and over all rows they are exactly
+    the sm90 table's entries (both GEMMs, each weight format)."""
+    table = load_tile_table(CONFIG_DIR / "sm90.json")
+    assert table != load_tile_table()  # otherwise this would not tell the two tables apart
+    target = TARGETS["sm90"]
+    warmed_all = set()
+    for spec in load_specs([SPEC]):
+        per_config = {}
+        for row in spec.rows():
+            args, kwargs = spec.call_arguments(row.values)
+            warmed = _launched_keys(spec, target, args, kwargs)
+            assert warmed == _launched_keys(spec, target, cpu_twin(args), cpu_twin(kwargs)), row.label
+            assert len(warmed) == 2  # gate/up and down
+            per_config.setdefault(table.select(row.values["num_tokens"]), set()).update(warmed)
+            warmed_all |= warmed
+        assert set(per_config) == set(table.configs)
+    assert len(warmed_all) == 3 * 2 * len(set(table.configs))
 
 
 def mxfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
@@ -149,6 +214,50 @@ def test_mxfp4_shapes_are_checked():
         fused_moe_mxfp4(x, gp.float(), gs, dp, ds, w, ids)
 
 
+def nvfp4_inputs(num_tokens, hidden, intermediate, experts, top_k, dtype, seed, ids=None):
+    """Each expert quantized with its own global scale (448 * 6 / amax), as checkpoints store them."""
+    x, w_gate_up, w_down, weights, ids = moe_inputs(num_tokens, hidden, intermediate, experts, top_k,
+                                                    torch.float32, seed, ids)
+
+    def quantize(w):
+        global_scales = (448.0 * 6.0 / w.abs().amax(dim=(1, 2))).float()
+        pairs = [nvfp4_quantize(w[e], global_scales[e]) for e in range(w.shape[0])]
+        return torch.stack([p for p, _ in pairs]), torch.stack([s for _, s in pairs]), global_scales
+
+    return (x.to(dtype), *quantize(w_gate_up), *quantize(w_down), weights, ids)
+
+
+@pytest.mark.parametrize("shape, dtype, seed, table", [
+    ((5, 64, 32, 4, 2), torch.float32, 20, SMALL),
+    ((19, 32, 48, 6, 3), torch.bfloat16, 21, SMALL),  # intermediate 48: K off a 32-wide tile
+    ((7, 64, 32, 8, 2), torch.bfloat16, 22, None),  # the table this machine's runtime picks
+])
+def test_nvfp4_weights_match_the_dequantized_reference(shape, dtype, seed, table):
+    inputs = nvfp4_inputs(*shape, dtype, seed)
+    assert not torch.equal(inputs[3][0], inputs[3][1])  # experts have their own global scales
+    got = fused_moe_nvfp4(*inputs, tile_table=table)
+    want = fused_moe_nvfp4_reference(*inputs)
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=atol)
+
+
+def test_nvfp4_with_dropped_slots_and_idle_experts():
+    ids = torch.tensor([[0, 3], [3, -1], [0, 0]], dtype=torch.int32)
+    inputs = nvfp4_inputs(3, 64, 32, 5, 2, torch.float32, 23, ids=ids)
+    torch.testing.assert_close(fused_moe_nvfp4(*inputs, tile_table=SMALL), fused_moe_nvfp4_reference(*inputs),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_nvfp4_shapes_are_checked():
+    x, gp, gs, gg, dp, ds, dg, w, ids = nvfp4_inputs(2, 64, 32, 2, 1, torch.float32, 24)
+    with pytest.raises(ValueError, match="w_gate_up_scales must be"):
+        fused_moe_nvfp4(x, gp, gs[..., :1], gg, dp, ds, dg, w, ids)
+    with pytest.raises(ValueError, match="w_down_global_scales must be float32"):
+        fused_moe_nvfp4(x, gp, gs, gg, dp, ds, dg[:1], w, ids)
+    with pytest.raises(ValueError, match="packed uint8"):
+        fused_moe_nvfp4(x, gp.float(), gs, gg, dp, ds, dg, w, ids)
+
+
 @pytest.mark.parametrize("data, message", [
     ({"x": {}}, "not an integer M"),
     ({"1": {"BLOCK_SIZE_M": 16}}, "missing BLOCK_SIZE_N"),
@@ -164,8 +273,10 @@ def test_bad_tile_tables_name_file_and_field(tmp_path, data, message):
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
-def test_default_table_is_vllm_format():
-    data = json.loads(DEFAULT_CONFIGS.read_text())
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_shipped_tables_are_vllm_format(path):
+    data = json.loads(path.read_text())
+    load_tile_table(path)
     assert all(set(v) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
                for v in data.values())
 
@@ -174,3 +285,9 @@ def test_opcheck():
     inputs = moe_inputs(3, 32, 16, 4, 2, torch.float32, 8)
     torch.library.opcheck(torch.ops.tritonwarm.fused_moe.default, inputs)
     torch.library.opcheck(torch.ops.tritonwarm.fused_moe_mxfp4.default, mxfp4_inputs(3, 32, 32, 4, 2, torch.float32, 9))
+    nvfp4_op = torch.ops.tritonwarm.fused_moe_nvfp4.default
+    x, gp, gs, gg, dp, ds, dg, w, ids = nvfp4_inputs(3, 32, 16, 4, 2, torch.float32, 25)
+    torch.library.opcheck(nvfp4_op, (x, gp, gs.view(torch.uint8), gg, dp, ds.view(torch.uint8), dg, w, ids))
+    # the schema check compares inputs with allclose, which has no float8 kernel on the CPU
+    checks = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(nvfp4_op, (x, gp, gs, gg, dp, ds, dg, w, ids), test_utils=checks)
