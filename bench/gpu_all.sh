@@ -53,12 +53,12 @@ $py -m tritonwarm env --json -o '$out/env.json'" ;;
     dispatch)
         run dispatch 120 $py "$bench/dispatch.py" --gpu --calls 5000 --repeat 3 --json "$out/dispatch.json" ;;
     engine)
-        run engine_tiny 180 $py "$bench/engine_modes.py" --config tiny --requests 4 --max-tokens 8 \
-            --jit-policy error --json "$out/engine_tiny.json"
-        run engine_lite 300 $py "$bench/engine_modes.py" --config deepseek-v2-lite --requests 4 \
-            --max-tokens 8 --jit-policy error --json "$out/engine_lite.json" ;;
+        for config in ${ENGINE_CONFIGS:-tiny deepseek-v2-lite}; do
+            run "engine_$config" 300 $py "$bench/engine_modes.py" --config "$config" --requests 4 \
+                --max-tokens 8 --jit-policy "${JIT_POLICY:-error}" --json "$out/engine_$config.json"
+        done ;;
     throughput)
-        run throughput 300 $py "$bench/engine_throughput.py" --concurrency 1,16,64 --max-tokens 16 \
+        run throughput 300 $py "$bench/engine_throughput.py" ${THROUGHPUT_FLAGS:---concurrency 1,16,64 --max-tokens 16} \
             --json "$out/throughput.json" ;;
     *)
         echo "unknown step $step" ;;

@@ -44,7 +44,8 @@ class Model:
         self.layers = [_layer_weights(weights, cfg, i) for i in range(cfg.num_layers)]
         self.cos_sin_cache = _cos_sin_cache(config.max_model_len, cfg.qk_rope_head_dim, cfg.rope_theta, self.device)
         self.scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-        self.num_sm_parts = default_num_sm_parts(self.device, 1, cfg.num_heads)
+        self.num_sm_parts = default_num_sm_parts(self.device, 1, cfg.num_heads,
+                                                 cfg.kv_lora_rank + cfg.qk_rope_head_dim)
         self.moe_tiles = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS)
 
     def forward(self, step: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
