@@ -23,9 +23,9 @@ MAX_TILE = 1024
 # to SINGLE_MAX_NUMEL slots (one launch); count -> place while every place program's read of the
 # whole [num_tiles, num_experts] count table stays small; the three-kernel path beyond that.
 SINGLE_MAX_NUMEL = 1024
-PLACE_ONE_HOT_ELEMENTS = 32768
+PLACE_ONE_HOT_ELEMENTS = 16384
 PLACE_NUM_WARPS = 8
-PLACE_MAX_TABLE = 1 << 16  # num_tiles * num_experts
+PLACE_MAX_TABLE = 1 << 17  # num_tiles * num_experts
 
 
 def _tiling(numel: int, num_experts: int, one_hot: int = ONE_HOT_ELEMENTS) -> tuple[int, int, int]:
