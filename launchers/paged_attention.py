@@ -68,8 +68,9 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
     block_h = _head_tile(heads_per_kv)
     block_d, block_d_tail = _key_chunks(key_dim)
     # Token tile, warps, stages and the two loop flags are declared per target and geometry class
-    # (paged_attention_tiles.json). The shipped MLA entries keep 576-wide keys at 52 KB of shared
-    # memory on sm90 and 32 KB on gfx942 (two plain stages would need 68 KB there, over its 64 KB LDS).
+    # (paged_attention_tiles.json, measured per target by bench/attention_tiles.py). gfx942 keeps MLA
+    # at one plain stage: two would need 68 KB of its 64 KB LDS. Shared memory per variant:
+    # `tritonwarm list`.
     tiles = settings_for(q.device, key_dim)
     block_dv = max(MIN_BLOCK, next_power_of_2(layout.value_dim))
     # The key tile can stand in for the value tile only where the value is its first BLOCK_D dims.
