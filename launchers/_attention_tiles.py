@@ -82,8 +82,8 @@ def settings_for(device, key_dim: int) -> TileSettings:
     """The declared settings for a launch on ``device`` (a torch.device) of keys ``key_dim`` wide."""
     klass = "wide" if key_dim > WIDE_KEY_DIM else "narrow"
     tiles = load_tiles()
-    if device.type == "cpu":  # Triton's interpreter: no driver to ask
-        return tiles["default"][klass]
+    # The target is the active driver's, whatever the tensors' device: CPU tensors under warm-up's
+    # target-only driver must get the entry a GPU of that target gets (their keys are compared).
     from triton.runtime import driver
 
     try:

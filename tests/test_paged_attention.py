@@ -236,7 +236,9 @@ def test_compiles_real_geometry(compile_call, target, name):
             cubin.write_bytes(binary.asm["cubin"])
             usage = resource_usage(TARGETS[target], {cubin.name: str(cubin)})
         if usage is not None:  # cuobjdump ships with Triton's NVIDIA backend
-            assert usage["local"] == 0 and usage["stack"] == 0, usage  # no spills, no stack frame
+            # No spills. The MLA setting measured fastest on an H200 (3 stages, the key tile as
+            # value) keeps a 16-byte stack frame; anything larger means the settings changed.
+            assert usage["local"] == 0 and usage["stack"] <= 16, usage
 
 
 def test_batch_size_never_changes_a_binary():
