@@ -131,9 +131,13 @@ def test_each_target_warms_exactly_its_own_table(target_name, table_file):
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
     nvfp4 = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_nvfp4_kernel")]
-    assert _warmed_configs(gemm) == set(table.configs) == _warmed_configs(nvfp4)
-    # gate/up and down for each distinct entry, for each weight format
-    assert len(gemm) == 2 * 2 * len(set(table.configs)) and len(nvfp4) == 2 * len(set(table.configs))
+    assert _warmed_configs(gemm) == set(table.configs)
+    # gate/up and down for each distinct entry, for each weight format; NVFP4 on NVIDIA targets only
+    assert len(gemm) == 2 * 2 * len(set(table.configs))
+    if TARGETS[target_name].is_nvidia:
+        assert _warmed_configs(nvfp4) == set(table.configs) and len(nvfp4) == 2 * len(set(table.configs))
+    else:
+        assert nvfp4 == []
     assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(set(table.configs))
 
 
