@@ -80,6 +80,32 @@ def local_target() -> Target | None:
         return None
 
 
+_active_target: tuple[object, GPUTarget] | None = None  # (the driver asked, its answer)
+
+
+def active_gpu_target() -> GPUTarget | None:
+    """The target Triton's active driver compiles for: the GPU's, or warm-up's target-only driver's;
+    None on a host with neither (Triton's interpreter). Launch specs that read per-target data call
+    this on every launch, so the answer is cached per driver object: one identity check, and each
+    warm-up target's driver (a new object) is asked afresh."""
+    global _active_target
+    from triton.runtime import driver
+
+    try:
+        active = driver.active
+    except Exception:  # no GPU driver on this machine
+        return None
+    cached = _active_target
+    if cached is not None and cached[0] is active:
+        return cached[1]
+    try:
+        target = active.get_current_target()
+    except Exception:  # a driver without a device to ask
+        return None
+    _active_target = (active, target)
+    return target
+
+
 def resolve_target(name: str | None) -> Target:
     """``sm90`` / ``gfx942`` / ... / ``local``; None means the local GPU. Errors list the choices."""
     if name in (None, "local"):

@@ -3,7 +3,7 @@
 ``paged_attention_tiles.json`` is the single source: the launch spec asks ``settings_for`` which
 entry applies. The target comes from Triton's active driver, so under ``tritonwarm warmup --target
 sm90`` (the target-only driver) the spec picks the ``cuda:90`` entries and on a real GPU those of
-that GPU; CPU tensors run in Triton's interpreter and take ``default``.
+that GPU; a host with no driver (the interpreter on a CPU host) takes ``default``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..jit.targets import active_gpu_target
 
 TILES_FILE = Path(__file__).with_name("paged_attention_tiles.json")
 GEOMETRY_CLASSES = ("wide", "narrow")
@@ -73,24 +75,13 @@ def target_name(gpu_target) -> str:
     return f"{gpu_target.backend}:{gpu_target.arch}"
 
 
-# One slot: (driver object, device index) -> that target's entries. Held strongly and compared by
-# identity, so a new driver (each warm-up target) recomputes instead of reusing a freed object's id.
-_memo: list = [None, None, None]
-
-
-def settings_for(device, key_dim: int) -> TileSettings:
-    """The declared settings for a launch on ``device`` (a torch.device) of keys ``key_dim`` wide."""
+def settings_for(key_dim: int) -> TileSettings:
+    """The declared settings for keys ``key_dim`` wide on the target of Triton's active driver
+    (``active_gpu_target``), whatever the tensors' device: CPU tensors under warm-up's target-only
+    driver must get the entry a GPU of that target gets (their keys are compared). No driver (the
+    interpreter on a CPU host): the default entry."""
     klass = "wide" if key_dim > WIDE_KEY_DIM else "narrow"
     tiles = load_tiles()
-    # The target is the active driver's, whatever the tensors' device: CPU tensors under warm-up's
-    # target-only driver must get the entry a GPU of that target gets (their keys are compared).
-    from triton.runtime import driver
-
-    try:
-        active = driver.active
-    except RuntimeError:  # no GPU and no target-only driver (e.g. meta tensors on a CPU host)
-        return tiles["default"][klass]
-    if _memo[0] is not active or _memo[1] != device.index:
-        entries = tiles.get(target_name(active.get_current_target()), tiles["default"])
-        _memo[:] = [active, device.index, entries]
-    return _memo[2][klass]
+    target = active_gpu_target()
+    entries = tiles["default"] if target is None else tiles.get(target_name(target), tiles["default"])
+    return entries[klass]

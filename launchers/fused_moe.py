@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..jit import JitKernel, Launch
-from ..jit.targets import target_from_gpu_target
+from ..jit.targets import active_gpu_target, target_from_gpu_target
 from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
 from ._host import cdiv
 from ._op import custom_op
@@ -104,30 +104,22 @@ def target_table_path(target_name: str) -> Path:
     return path if path.is_file() else DEFAULT_CONFIGS
 
 
-_active: tuple[object, TileTable] | None = None  # (the driver it was read under, its table)
+_active: tuple[object, TileTable] | None = None  # (the GPUTarget it was read for, its table)
 
 
 def active_tile_table() -> TileTable:
-    """The tile table of the target Triton's active driver would compile for; ``default.json`` where
-    there is no driver (CPU only: Triton's interpreter). Cached per driver object, so a step pays one
-    identity check; a warm-up's target-only driver is another object and gets its own target's table."""
+    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``);
+    ``default.json`` where there is no driver (CPU only: Triton's interpreter). Kept for as long as
+    that driver's answer (the same object) lasts, so a step pays one identity check and a table
+    saved for a target is read by the next driver of that target."""
     global _active
-    from triton.runtime import driver
-
-    try:
-        active = driver.active
-    except Exception:  # no GPU driver on this machine
+    target = active_gpu_target()
+    if target is None:
         return load_tile_table()
     cached = _active
-    if cached is not None and cached[0] is active:
-        return cached[1]
-    try:
-        name = target_from_gpu_target(active.get_current_target()).name
-    except Exception:  # a driver without a device to ask
-        return load_tile_table()
-    table = load_tile_table(target_table_path(name))
-    _active = (active, table)
-    return table
+    if cached is None or cached[0] is not target:
+        cached = _active = (target, load_tile_table(target_table_path(target_from_gpu_target(target).name)))
+    return cached[1]
 
 
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.

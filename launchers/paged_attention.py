@@ -54,7 +54,7 @@ def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int
     head_tiles = cdiv(heads_per_kv, _head_tile(heads_per_kv))
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else NOMINAL_SM_COUNT
-    parts_per_sm = settings_for(device, key_dim).parts_per_sm if key_dim else 1
+    parts_per_sm = settings_for(key_dim).parts_per_sm if key_dim else 1
     return max(1, parts_per_sm * sms // (num_kv_heads * head_tiles))
 
 
@@ -71,7 +71,7 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
     # (paged_attention_tiles.json, measured per target by bench/attention_tiles.py). gfx942 keeps MLA
     # at one plain stage: two would need 68 KB of its 64 KB LDS. Shared memory per variant:
     # `tritonwarm list`.
-    tiles = settings_for(q.device, key_dim)
+    tiles = settings_for(key_dim)
     block_dv = max(MIN_BLOCK, next_power_of_2(layout.value_dim))
     # The key tile can stand in for the value tile only where the value is its first BLOCK_D dims.
     value_is_key = tiles.value_is_key and layout.value_offset == 0 and block_dv == block_d \

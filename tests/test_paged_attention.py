@@ -274,7 +274,6 @@ def test_warmup_target_picks_its_own_tile_entry(monkeypatch):
                                "cuda:90": {"wide": entry(16, 3, True), "narrow": entry(32, 4, True)},
                                "hip:gfx942": {"wide": entry(32, 1, False), "narrow": entry(128, 1, False)}}, "test")
     monkeypatch.setattr(tiles, "load_tiles", lambda: table)
-    monkeypatch.setattr(tiles, "_memo", [None, None, None])
     expected = {("sm90", "llama_gqa"): ("=32", 4), ("sm90", "deepseek_mla"): ("=16", 3),
                 ("gfx942", "llama_gqa"): ("=128", 1), ("gfx942", "deepseek_mla"): ("=32", 1)}
     for (target, name), (block_n, stages) in expected.items():
@@ -282,8 +281,7 @@ def test_warmup_target_picks_its_own_tile_entry(monkeypatch):
                      if v.kernel.endswith("paged_decode_attention_split_kernel"))
         assert (split.args["BLOCK_N"], split.num_stages) == (block_n, stages), (target, name, split.args)
     # CPU tensors (the interpreter) take the default entry, and the answer is still right
-    monkeypatch.setattr(tiles, "_memo", [None, None, None])
-    assert tiles.settings_for(torch.device("cpu"), 128).block_n == 64
+    assert tiles.settings_for(128).block_n == 64
     check(GQA, 4, [45, 3], torch.float32, seed=15)
 
 
