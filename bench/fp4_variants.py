@@ -117,6 +117,14 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
 
 
+def _time_into(case: dict, fn, nbytes: int, copy_gbs: float) -> None:
+    """Median time of ``fn`` and the bandwidth it reaches, absolute and as a share of the copy."""
+    from triton.testing import do_bench
+
+    ms = do_bench(fn, return_mode="median")
+    case.update(us=ms * 1e3, gbs=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy_gbs)
+
+
 def run(rows_list, k: int, device: str, timed: bool) -> dict:
     from tritonwarm.launchers import fp4 as L
 
@@ -157,8 +165,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                     if "status" not in case:
                         case["status"] = "ok"
                         if timed:
-                            ms = do_bench(fn, return_mode="median")
-                            case.update(us=ms * 1e3, gbs=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy_gbs)
+                            _time_into(case, fn, nbytes, copy_gbs)
                 except Exception as e:  # noqa: BLE001 - one line, go on
                     case["status"] = f"failed: {_one_line(e)}"
                     print(f"{fmt} {rows}x{k} {variant.name}: {case['status']}")
@@ -175,8 +182,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                 fn()
                 case["status"] = "ok"
                 if timed:
-                    ms = do_bench(fn, return_mode="median")
-                    case.update(us=ms * 1e3, gbs=nbytes / ms / 1e6, of_copy=nbytes / ms / 1e6 / copy_gbs)
+                    _time_into(case, fn, nbytes, copy_gbs)
             except Exception as e:  # noqa: BLE001 - one line, go on
                 case["status"] = f"failed: {_one_line(e)}"
                 print(f"{fmt} dequantize {rows}x{k}: {case['status']}")
