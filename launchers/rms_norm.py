@@ -13,6 +13,10 @@ from ._op import custom_op
 def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float,
                     residual: torch.Tensor | None = None) -> Launch | None:
     n_rows, n_cols = x.shape
+    # Checked here, not in the wrapper: the launch memo runs the spec once per input key (which
+    # includes the weight's shape), so a steady-state call pays nothing for the check.
+    if weight.shape != (n_cols,):
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {n_cols}")
     if n_rows == 0:
         return None
     block = next_power_of_2(n_cols)
@@ -34,17 +38,14 @@ rms_norm_jit = JitKernel(rms_norm_kernel, rms_norm_launch, memoize=True)
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
     """RMSNorm over the last dim with fp32 accumulation; with ``residual``, fused add (in place)."""
-    hidden = x.shape[-1]
-    if weight.shape != (hidden,):
-        raise ValueError(f"weight shape {tuple(weight.shape)} does not match hidden size {hidden}")
     # Decode calls this per layer per step: no reshape, copy or view that a 2-D input does not need.
     two_d = x.dim() == 2
-    x2 = x if two_d else x.reshape(-1, hidden)
+    x2 = x if two_d else x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    out = torch.empty_like(x2) if x2.is_contiguous() else x2.new_empty(x2.shape)
+    out = torch.empty_like(x2)  # x2's layout where it is dense, else contiguous: either is a valid output
     if residual is not None:
-        res2 = residual if residual.dim() == 2 else residual.view(-1, hidden)
+        res2 = residual if residual.dim() == 2 else residual.view(-1, x.shape[-1])
         if res2.stride(-1) != 1:
             raise ValueError("residual must have a unit stride along the hidden dim (it is updated in place)")
         rms_norm_jit(x2, weight, out, eps, res2)

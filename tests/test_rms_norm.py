@@ -57,6 +57,16 @@ def test_zero_rows_launch_nothing():
     assert rms_norm(torch.empty(0, 64), torch.ones(64)).shape == (0, 64)
 
 
+def test_weight_of_another_hidden_size_is_refused_by_the_launch_spec():
+    # The check lives in the launch spec (run once per input key), so warm-up's fake launches and
+    # zero-row calls refuse a mismatched weight too, and the message names both sizes.
+    x = torch.randn(3, 64)
+    with pytest.raises(ValueError, match=r"weight shape \(32,\) does not match hidden size 64"):
+        rms_norm(x, torch.ones(32))
+    with pytest.raises(ValueError, match="hidden size 64"):
+        rms_norm(x[:0], torch.ones(32))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_compiles(compile_call, target):
