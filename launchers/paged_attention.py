@@ -91,8 +91,9 @@ def grid_splits(batch: int, programs_per_request: int, capacity_tokens: int, blo
     return max(1, min(wanted, cdiv(capacity_tokens, block_n)))
 
 
-def _grid_splits_for(batch: int, block_table: torch.Tensor, block_size: int, num_kv_heads: int, num_heads: int,
-                     key_dim: int, device: torch.device) -> int:
+def grid_splits_for(batch: int, block_table: torch.Tensor, block_size: int, num_kv_heads: int, num_heads: int,
+                    key_dim: int, device: torch.device) -> int:
+    """``grid_splits`` with the declared settings for ``key_dim`` and the device's SM count."""
     tiles = settings_for(key_dim)
     return grid_splits(batch, num_kv_heads * _head_tiles(num_kv_heads, num_heads), block_table.shape[1] * block_size,
                        tiles.block_n, tiles.parts_per_sm, device_sm_count(device))
@@ -110,7 +111,7 @@ def paged_decode_metadata(seq_lens: torch.Tensor, block_table: torch.Tensor, num
         num_parts = default_num_sm_parts(seq_lens.device, num_kv_heads, num_heads, key_dim)
         return mla_decode_metadata(seq_lens, num_heads, block_size, num_parts)
     batch = seq_lens.shape[0]
-    splits = _grid_splits_for(batch, block_table, block_size, num_kv_heads, num_heads, key_dim, seq_lens.device)
+    splits = grid_splits_for(batch, block_table, block_size, num_kv_heads, num_heads, key_dim, seq_lens.device)
     return None, torch.arange(0, (batch + 1) * splits, splits, dtype=torch.int32, device=seq_lens.device)
 
 
@@ -238,7 +239,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
                          "num_splits [batch + 1])")
 
     if schedule is None:  # the grid kernel: the same host rule that built num_splits
-        splits = _grid_splits_for(batch, block_table, layout.block_size, layout.num_kv_heads, num_heads, key_dim,
+        splits = grid_splits_for(batch, block_table, layout.block_size, layout.num_kv_heads, num_heads, key_dim,
                                   q.device)
         max_splits = batch * splits
     else:  # worst case of the schedule: one split per request plus one per cut between parts
