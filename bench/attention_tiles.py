@@ -10,7 +10,9 @@ Per geometry (DeepSeek-V2-Lite MLA 64x2048, 128x8192, 1x4096; Llama-3.1-8B GQA 6
   is computed once per decode step and shared by all layers, so it is not part of a variant), for
   1, 2 and 4 parts (CTAs per kv head and head tile) per SM. A variant is either the shipped
   schedule-driven split kernel with other constexprs / num_warps / num_stages, or the schedule-free
-  per-(request, split) grid kernel with the splits per request chosen here from the batch;
+  per-(request, split) grid kernel with the splits per request the launcher's rule picks
+  (``launchers.paged_attention.grid_splits``, printed per row); both through the library's own
+  launch specs and ``JitKernel`` objects;
 - SDPA on the same K/V stored contiguously (GQA) and a device-to-device copy, both in the same run.
 
 GB/s counts the K/V bytes a decode must read once (MLA: the 576-wide latent; GQA: K and V). Every
@@ -193,9 +195,11 @@ class Runner:
         self.out = torch.empty(g.batch, g.heads, g.value_dim, dtype=x.q.dtype, device=x.q.device)
 
     def metadata(self):
-        from tritonwarm.launchers.mla_metadata import mla_decode_metadata
+        """The shipped call's per-step metadata: whatever the declared kernel needs."""
+        from tritonwarm.launchers.paged_attention import paged_decode_metadata
 
-        return mla_decode_metadata(self.x.lens, self.x.g.heads, self.x.g.block_size, self.num_parts)
+        x, g = self.x, self.x.g
+        return paged_decode_metadata(x.lens, x.table, g.heads, g.kv_heads, g.key_dim, g.block_size)
 
     def spec_launch(self):
         from tritonwarm.launchers.paged_attention import paged_decode_attention_split_launch
@@ -204,44 +208,53 @@ class Runner:
         return paged_decode_attention_split_launch(x.q, x.kv, x.table, x.lens, self.schedule, self.num_splits,
                                                    self.partial_out, self.partial_lse, x.scale, x.g.value_dim)
 
-    def grid_splits(self, block_n: int) -> int:
-        """Splits per request: enough programs for parts_per_sm waves, at most one per BLOCK_N tile."""
-        g = self.x.g
-        programs = g.batch * g.kv_heads * self.head_tiles
-        wanted = -(-self.sms * self.parts_per_sm // programs)
-        return max(1, min(wanted, -(-g.seq // block_n)))
+    def grid_splits(self, block_n: int, parts_per_sm: int | None = None) -> int:
+        """Splits per request by the launcher's own rule (``grid_splits``: capped by the block table's
+        capacity; this bench's table is exactly as wide as the length, so that is the length here)."""
+        from tritonwarm.launchers.paged_attention import grid_splits
+
+        g, x = self.x.g, self.x
+        return grid_splits(g.batch, g.kv_heads * self.head_tiles, x.table.shape[1] * g.block_size, block_n,
+                           parts_per_sm or self.parts_per_sm, self.sms)
+
+    def _grid_launch(self, splits: int):
+        """The library's grid launch spec for ``splits`` per request, partial buffers grown to fit."""
+        from tritonwarm.launchers.paged_attention import paged_decode_attention_grid_split_launch
+
+        x, g = self.x, self.x.g
+        if g.batch * splits > self.partial_out.shape[0]:
+            self.partial_out = torch.empty(g.batch * splits, g.heads, g.value_dim, dtype=torch.float32,
+                                           device=x.q.device)
+            self.partial_lse = torch.empty(g.batch * splits, g.heads, dtype=torch.float32, device=x.q.device)
+        num_splits = torch.arange(0, (g.batch + 1) * splits, splits, device=x.q.device, dtype=torch.int32)
+        launch = paged_decode_attention_grid_split_launch(x.q, x.kv, x.table, x.lens, splits, self.partial_out,
+                                                          self.partial_lse, x.scale, g.value_dim)
+        return launch, num_splits
 
     def split_fn(self, variant: Variant | None):
-        """(split callable, combine callable) for the shipped launch (None) or a variant.
+        """(split callable, combine callable) for the shipped settings (None) or a variant.
 
-        Launched through ``JitKernel.launch`` with a hand-made ``Launch``: the GPU, or Triton's
-        interpreter for CPU tensors, exactly as the library launches.
+        Both split kernels launch through the library's own ``JitKernel`` and launch spec (a variant
+        only overrides the spec's constexprs, warps and stages): the GPU, or Triton's interpreter
+        for CPU tensors, exactly as the library launches.
         """
-        from tritonwarm.jit import JitKernel, Launch
-        from tritonwarm.kernels.paged_attention import paged_decode_attention_grid_split_kernel
+        from tritonwarm.jit import Launch
+        from tritonwarm.launchers._attention_tiles import settings_for
         from tritonwarm.launchers.paged_attention import (
             paged_decode_attention_combine_jit,
             paged_decode_attention_combine_launch,
+            paged_decode_attention_grid_split_jit,
             paged_decode_attention_split_jit,
         )
 
-        g = self.x.g
-        num_splits = self.num_splits
-        jit = paged_decode_attention_split_jit
-        launch = self.spec_launch()
-        if variant is not None and variant.kernel == "grid":
-            splits = self.grid_splits(variant.block_n)
-            num_splits = torch.arange(g.batch + 1, device=self.x.q.device, dtype=torch.int32) * splits
-            if g.batch * splits > self.partial_out.shape[0]:
-                self.partial_out = torch.empty(g.batch * splits, *self.partial_out.shape[1:], dtype=torch.float32,
-                                               device=self.x.q.device)
-                self.partial_lse = torch.empty(g.batch * splits, g.heads, dtype=torch.float32, device=self.x.q.device)
-                launch = self.spec_launch()
-            constexprs = {k: v for k, v in launch.constexprs.items() if k != "SCHEDULE_WIDTH"}
-            # the shipped argument list minus (schedule, num_splits), plus the split count
-            launch = Launch(grid=(g.batch * splits, g.kv_heads, self.head_tiles),
-                            args=launch.args[:5] + launch.args[7:] + (splits,), constexprs=constexprs)
-            jit = _grid_jit(JitKernel, paged_decode_attention_grid_split_kernel)
+        declared = settings_for(self.x.g.key_dim)
+        if (variant or declared).kernel == "grid":
+            splits = self.grid_splits(variant.block_n, None) if variant else \
+                self.grid_splits(declared.block_n, declared.parts_per_sm)
+            launch, num_splits = self._grid_launch(splits)
+            jit = paged_decode_attention_grid_split_jit
+        else:
+            launch, num_splits, jit = self.spec_launch(), self.num_splits, paged_decode_attention_split_jit
         if variant is not None:
             launch = Launch(grid=launch.grid, args=launch.args,
                             constexprs=dict(launch.constexprs, BLOCK_N=variant.block_n,
@@ -249,15 +262,6 @@ class Runner:
                             num_warps=variant.num_warps, num_stages=variant.num_stages)
         combine = paged_decode_attention_combine_launch(self.partial_out, self.partial_lse, num_splits, self.out)
         return (lambda: jit.launch(launch)), (lambda: paged_decode_attention_combine_jit.launch(combine))
-
-
-_GRID_JIT = []
-
-
-def _grid_jit(jit_kernel, kernel):
-    if not _GRID_JIT:  # launched with hand-made Launches only: no launch spec of its own
-        _GRID_JIT.append(jit_kernel(kernel, lambda *a: None, name="bench.paged_decode_attention_grid_split"))
-    return _GRID_JIT[0]
 
 
 def close(out, expected) -> str | None:
@@ -296,6 +300,8 @@ def bench_gpu(fn, dev) -> float | None:
 
 
 def run(dev: str, budget: float, json_path: str | None) -> None:
+    from tritonwarm.launchers._attention_tiles import settings_for
+
     t0 = time.perf_counter()
     small = dev != "cuda"
     sms = sm_count(dev)
@@ -335,7 +341,11 @@ def run(dev: str, budget: float, json_path: str | None) -> None:
             entry["shipped"] = shipped
             rows.append([g.name, "shipped call, host-launched", _us(shipped["host_us"]), "", "", "",
                          _gbs(gbs(g, shipped["host_us"])), _frac(gbs(g, shipped["host_us"]), copy_gbs)])
-            rows.append([g.name, "shipped call, graph (metadata+split+combine)", _us(shipped["whole_us"]),
+            declared = settings_for(g.key_dim)
+            shipped_label = f"shipped call ({declared.kernel}"
+            if declared.kernel == "grid":
+                shipped_label += f", {r.grid_splits(declared.block_n, declared.parts_per_sm)} splits/request"
+            rows.append([g.name, shipped_label + "), graph (metadata+split+combine)", _us(shipped["whole_us"]),
                          _us(shipped["metadata_us"]), _us(shipped["split_us"]), _us(shipped["combine_us"]),
                          _gbs(shipped["gbs"]), _frac(shipped["gbs"], copy_gbs)])
         except Exception as e:

@@ -18,7 +18,6 @@ from ..launchers.fused_moe import DEFAULT_CONFIGS as DEFAULT_TILE_CONFIGS
 from ..launchers.fused_moe import load_tile_table
 from ..launchers.kv_cache import KVCacheLayout
 from ..launchers.moe_align import path_token_counts
-from ..launchers.paged_attention import default_num_sm_parts
 from .config import EngineConfig
 from .ops import Ops
 
@@ -44,15 +43,14 @@ class Model:
         self.layers = [_layer_weights(weights, cfg, i) for i in range(cfg.num_layers)]
         self.cos_sin_cache = _cos_sin_cache(config.max_model_len, cfg.qk_rope_head_dim, cfg.rope_theta, self.device)
         self.scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-        self.num_sm_parts = default_num_sm_parts(self.device, 1, cfg.num_heads,
-                                                 cfg.kv_lora_rank + cfg.qk_rope_head_dim)
         self.moe_tiles = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS)
 
     def forward(self, step: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Logits (fp32) of ``step.sample_rows``; the step's latent KV is written to the caches."""
         ops, cfg = self.ops, self.cfg
-        # One split schedule per step, shared by every layer's attention.
-        metadata = ops.decode_metadata(step.seq_lens, cfg.num_heads, self.config.block_size, self.num_sm_parts)
+        # One split metadata per step, shared by every layer's attention (one latent kv head).
+        metadata = ops.decode_metadata(step.seq_lens, step.block_tables, cfg.num_heads, 1,
+                                       cfg.kv_lora_rank + cfg.qk_rope_head_dim, self.config.block_size)
         x = F.embedding(step.input_ids, self.embed)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

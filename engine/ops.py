@@ -18,7 +18,6 @@ import torch
 from ..kernels.activation import silu_and_mul_reference
 from ..kernels.fused_moe import fused_moe_reference
 from ..kernels.kv_block_zero import kv_block_zero_reference
-from ..kernels.mla_metadata import mla_decode_metadata_reference
 from ..kernels.moe_routing import moe_topk_routing_reference
 from ..kernels.paged_attention import paged_decode_attention_reference
 from ..kernels.rms_norm import rms_norm_reference
@@ -27,9 +26,8 @@ from ..launchers.activation import silu_and_mul
 from ..launchers.fused_moe import fused_moe
 from ..launchers.kv_block_zero import kv_block_zero
 from ..launchers.kv_cache import KVCacheLayout
-from ..launchers.mla_metadata import mla_decode_metadata, split_overhead_blocks
 from ..launchers.moe_routing import moe_topk_routing
-from ..launchers.paged_attention import paged_decode_attention
+from ..launchers.paged_attention import paged_decode_attention, paged_decode_metadata
 from ..launchers.rms_norm import rms_norm
 from ..launchers.rotary import rotary_embedding
 
@@ -42,13 +40,13 @@ class Ops:
     rotary_embedding: Callable  # (positions, q, k, cos_sin_cache, is_neox) -> (q, k) rotated
     moe_topk_routing: Callable  # (logits, top_k, scoring, renormalize, groups, topk_group, bias) -> (w, ids)
     fused_moe: Callable  # (h, w_gate_up, w_down, topk_weights, topk_ids, tile_table) -> routed experts' sum
-    decode_metadata: Callable  # (seq_lens, num_heads, block_size, num_parts) -> split schedule
+    decode_metadata: Callable  # (seq_lens, block_table, num_heads, num_kv_heads, key_dim, block_size) -> splits
     paged_attention: Callable  # (q, kv_cache, block_table, seq_lens, scale, metadata, v_head_dim) -> out
     kv_block_zero: Callable  # (kv_cache, block_ids) -> None, in place
 
 
-def _reference_decode_metadata(seq_lens, num_heads, block_size, num_parts):
-    return mla_decode_metadata_reference(seq_lens, num_parts, block_size, split_overhead_blocks(block_size))
+def _reference_decode_metadata(seq_lens, block_table, num_heads, num_kv_heads, key_dim, block_size):
+    return None  # the reference attends over each request's tokens in one softmax: no splits
 
 
 def _reference_paged_attention(q, kv_cache, block_table, seq_lens, scale, metadata=None, v_head_dim=None):
@@ -67,7 +65,7 @@ def _reference_kv_block_zero(kv_cache, block_ids):
 
 
 TRITON = Ops("triton", rms_norm, silu_and_mul, rotary_embedding, moe_topk_routing, fused_moe,
-             mla_decode_metadata, paged_decode_attention, kv_block_zero)
+             paged_decode_metadata, paged_decode_attention, kv_block_zero)
 
 REFERENCE = Ops("reference", rms_norm_reference, silu_and_mul_reference, rotary_embedding_reference,
                 moe_topk_routing_reference, _reference_fused_moe, _reference_decode_metadata,

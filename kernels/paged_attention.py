@@ -6,8 +6,9 @@ Two kernels, scheduled by ``kernels/mla_metadata.py``:
    range its part owns (possibly several requests) and, per request, writes one *partial* result:
    the softmax-normalized output over those blocks and its log-sum-exp (base 2), in fp32, into the
    request's split slot.
-   ``paged_decode_attention_grid_split_kernel`` is the schedule-free alternative (fixed splits per
-   request, one program per (request, split)), kept to be measured against it.
+   ``paged_decode_attention_grid_split_kernel`` is the schedule-free alternative (the same number of
+   splits for every request, chosen on the host; one program per (request, split)); the declared
+   settings pick one of the two per target (``launchers/paged_attention_tiles.json``).
 2. ``paged_decode_attention_combine_kernel``: program (request, head) merges the request's
    partials by their log-sum-exp into the final output.
 
@@ -180,7 +181,8 @@ def paged_decode_attention_grid_split_kernel(
     """The schedule-free alternative: program (request * num_splits + split, kv head, head tile).
 
     Every request is cut into ``num_splits`` equal token ranges (whole BLOCK_N tiles; a range past
-    the end writes lse -inf and zeros, which the combine weighs 0), chosen on the host from the batch.
+    the end writes only lse -inf, no partial row: the combine skips it), chosen on the host from the
+    batch.
     One token loop per program and no outer request loop, so nothing stands between the software
     pipeliner and the loads; split slot ``request * num_splits + split`` (``num_splits`` prefix sums
     ``r * num_splits`` for the combine kernel).
@@ -212,13 +214,15 @@ def paged_decode_attention_grid_split_kernel(
         q, q_tail, key_ptr, value_ptr, block_table_ptr + request * block_table_stride, token_lo, token_hi,
         cache_block_stride, cache_token_stride, kv_head.to(tl.int64) * cache_head_stride, scale_log2,
         PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY,
-            TABLE_AHEAD)
+        TABLE_AHEAD)
 
     safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
     out = acc / safe_sum[:, None]
     lse = tl.where(row_sum > 0.0, row_max + tl.log2(safe_sum), float("-inf"))
+    # An empty split stores no partial row (no write traffic); its lse -inf tells the combine to skip it.
+    live_heads = group_row < tl.where(token_hi > token_lo, HEADS_PER_KV, 0)
     partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
-    tl.store(partial_rows + dv[None, :], out, mask=head_mask[:, None] & dv_mask[None, :])
+    tl.store(partial_rows + dv[None, :], out, mask=live_heads[:, None] & dv_mask[None, :])
     tl.store(partial_lse_ptr + slot * lse_split_stride + heads, lse, mask=head_mask)
 
 
@@ -229,7 +233,10 @@ def paged_decode_attention_combine_kernel(
     out_batch_stride, out_head_stride,
     VALUE_DIM: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    # Program (request, head). A request with no split (seq_len 0) gets zeros, not 0/0.
+    # Program (request, head). A request with no split (seq_len 0) gets zeros, not 0/0. A split with
+    # lse -inf (the grid kernel's splits past a request's end) has weight 0, its partial row is not
+    # read (never written; reading it would cost memory traffic for nothing) and no later split of
+    # the request is looked at.
     request = tl.program_id(0)
     head = tl.program_id(1)
     dv = tl.arange(0, BLOCK_DV)
@@ -244,7 +251,7 @@ def paged_decode_attention_combine_kernel(
     while split < split_hi:
         lse = tl.load(partial_lse_ptr + split * lse_split_stride + head)
         part_out = tl.load(partial_out_ptr + split * partial_split_stride + head * partial_head_stride + dv,
-                           mask=dv_mask, other=0.0)
+                           mask=dv < tl.where(lse > float("-inf"), VALUE_DIM, 0), other=0.0)
         new_max = tl.maximum(running_max, lse)
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: weights 0, not NaN
         rescale = tl.exp2(running_max - safe_max)
@@ -252,7 +259,9 @@ def paged_decode_attention_combine_kernel(
         acc = acc * rescale + weight * part_out
         running_sum = running_sum * rescale + weight
         running_max = new_max
-        split += 1
+        # Empty grid splits are exactly a request's trailing ones: the first ends the loop. (The
+        # schedule kernel writes no empty split; a NaN lse is not -inf and still propagates.)
+        split = tl.where(lse == float("-inf"), split_hi, split + 1)
     out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)
     out_row = out_ptr + request * out_batch_stride + head * out_head_stride
     tl.store(out_row + dv, out.to(out_ptr.dtype.element_ty), mask=dv_mask)

@@ -11,12 +11,12 @@ from .kv_cache import KVCacheLayout
 from .mla_metadata import mla_decode_metadata
 from .moe_align import moe_align_block_size
 from .moe_routing import moe_topk_routing
-from .paged_attention import paged_decode_attention
+from .paged_attention import paged_decode_attention, paged_decode_metadata
 from .rms_norm import rms_norm
 from .rotary import rotary_embedding
 
 __all__ = [
     "KVCacheLayout", "fused_moe", "fused_moe_mxfp4", "fused_moe_nvfp4", "kv_block_zero", "mla_decode_metadata",
     "moe_align_block_size", "moe_topk_routing", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize",
-    "nvfp4_quantize", "paged_decode_attention", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "nvfp4_quantize", "paged_decode_attention", "paged_decode_metadata", "rms_norm", "rotary_embedding", "silu_and_mul",
 ]

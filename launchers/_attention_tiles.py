@@ -18,6 +18,9 @@ from ..jit.targets import active_gpu_target
 TILES_FILE = Path(__file__).with_name("paged_attention_tiles.json")
 GEOMETRY_CLASSES = ("wide", "narrow")
 WIDE_KEY_DIM = 256  # keys wider than this (MLA's 576) are "wide"
+# "schedule": the device-scheduled split kernel (mla_decode_metadata's parts); "grid": one program
+# per (request, split), the split count chosen on the host from the batch (no schedule kernel).
+KERNELS = ("schedule", "grid")
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class TileSettings:
 
 
 _CHECKS = {
-    "kernel": lambda v: v == "schedule",  # the only split kernel the launcher wires up
+    "kernel": lambda v: v in KERNELS,
     "block_n": lambda v: isinstance(v, int) and v >= 16 and v & (v - 1) == 0,
     "num_warps": lambda v: v in (1, 2, 4, 8, 16),
     "num_stages": lambda v: isinstance(v, int) and 1 <= v <= 8,

@@ -1,8 +1,19 @@
 """``paged_decode_attention``: split-KV decode attention over the paged KV cache of ``kv_cache.py``.
 
-One call = the schedule (``mla_decode_metadata``, unless the caller passes it: the engine computes
-it once per step and reuses it for every layer), the split kernel (partials + log-sum-exp per split)
-and the combine kernel. Device code and the exact algorithm: ``kernels/paged_attention.py``.
+One call = the split metadata, the split kernel (partials + log-sum-exp per split) and the combine
+kernel. Which split kernel runs is declared data (``paged_attention_tiles.json``, field ``kernel``):
+
+- ``"schedule"``: the metadata is ``mla_decode_metadata``'s ``(schedule, num_splits)``, a device
+  kernel that balances blocks over the parts;
+- ``"grid"``: the metadata is ``(None, num_splits)`` with ``num_splits = [0, s, 2s, ..]``: every
+  request gets the same ``s`` splits, ``s`` chosen on the host by ``grid_splits`` from the batch,
+  the SM count and the block table's capacity only, so no schedule kernel runs and a CUDA graph
+  captured for one batch size stays valid for any lengths.
+
+``paged_decode_metadata(seq_lens, block_table, ...)`` returns whichever the declared kernel needs;
+the engine calls it once per step and passes it to every layer (``metadata=``). A caller may still
+pass ``mla_decode_metadata``'s pair itself: a schedule runs the schedule kernel. Device code and the
+exact algorithm: ``kernels/paged_attention.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +24,11 @@ import math
 import torch
 
 from ..jit import JitKernel, Launch
-from ..kernels.paged_attention import paged_decode_attention_combine_kernel, paged_decode_attention_split_kernel
+from ..kernels.paged_attention import (
+    paged_decode_attention_combine_kernel,
+    paged_decode_attention_grid_split_kernel,
+    paged_decode_attention_split_kernel,
+)
 from ._attention_tiles import settings_for
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op
@@ -44,25 +59,65 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def device_sm_count(device: torch.device) -> int:
+    """The GPU's SM count; ``NOMINAL_SM_COUNT`` for any other device (a count only sizes grids)."""
+    if device.type != "cuda":
+        return NOMINAL_SM_COUNT
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _head_tiles(num_kv_heads: int, num_heads: int) -> int:
+    heads_per_kv = num_heads // num_kv_heads
+    return cdiv(heads_per_kv, _head_tile(heads_per_kv))
+
+
 def default_num_sm_parts(device: torch.device, num_kv_heads: int, num_heads: int, key_dim: int = 0) -> int:
     """FlashMLA's rule scaled by the declared parts per SM: ``parts_per_sm * SMs // (kv heads *
     head tiles)`` parts, i.e. that many waves of the split grid.
 
     Independent of the batch: a small batch simply leaves trailing parts empty (they exit at once).
     """
-    heads_per_kv = num_heads // num_kv_heads
-    head_tiles = cdiv(heads_per_kv, _head_tile(heads_per_kv))
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else NOMINAL_SM_COUNT
     parts_per_sm = settings_for(key_dim).parts_per_sm if key_dim else 1
-    return max(1, parts_per_sm * sms // (num_kv_heads * head_tiles))
+    return max(1, parts_per_sm * device_sm_count(device) // (num_kv_heads * _head_tiles(num_kv_heads, num_heads)))
 
 
-def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, schedule, num_splits,
-                                        partial_out, partial_lse, scale: float, value_dim: int) -> Launch | None:
+def grid_splits(batch: int, programs_per_request: int, capacity_tokens: int, block_n: int, parts_per_sm: int,
+                sms: int) -> int:
+    """Splits per request of the grid kernel: enough programs for ``parts_per_sm`` waves over the
+    SMs, ``ceil(sms * parts_per_sm / (batch * programs_per_request))``, but at most one per
+    ``block_n``-token tile of the block table's capacity (the lengths are on the device; a split
+    past a request's end only writes lse = -inf, which the combine skips)."""
+    wanted = cdiv(sms * parts_per_sm, max(1, batch) * programs_per_request)
+    return max(1, min(wanted, cdiv(capacity_tokens, block_n)))
+
+
+def grid_splits_for(batch: int, block_table: torch.Tensor, block_size: int, num_kv_heads: int, num_heads: int,
+                    key_dim: int, device: torch.device) -> int:
+    """``grid_splits`` with the declared settings for ``key_dim`` and the device's SM count."""
+    tiles = settings_for(key_dim)
+    return grid_splits(batch, num_kv_heads * _head_tiles(num_kv_heads, num_heads), block_table.shape[1] * block_size,
+                       tiles.block_n, tiles.parts_per_sm, device_sm_count(device))
+
+
+def paged_decode_metadata(seq_lens: torch.Tensor, block_table: torch.Tensor, num_heads: int, num_kv_heads: int,
+                          key_dim: int, block_size: int):
+    """The split metadata the declared kernel for ``key_dim``-wide keys needs, for all layers of a step.
+
+    ``"schedule"``: ``mla_decode_metadata``'s ``(schedule, num_splits)``. ``"grid"``: ``(None,
+    num_splits)``, ``num_splits = arange(0, (batch + 1) * s, s)``, one ``arange`` and no kernel of
+    ours; ``s`` depends only on the batch size, ``block_table``'s width and constants.
+    """
+    if settings_for(key_dim).kernel == "schedule":
+        num_parts = default_num_sm_parts(seq_lens.device, num_kv_heads, num_heads, key_dim)
+        return mla_decode_metadata(seq_lens, num_heads, block_size, num_parts)
+    batch = seq_lens.shape[0]
+    splits = grid_splits_for(batch, block_table, block_size, num_kv_heads, num_heads, key_dim, seq_lens.device)
+    return None, torch.arange(0, (batch + 1) * splits, splits, dtype=torch.int32, device=seq_lens.device)
+
+
+def _split_constexprs(q, kv_cache, value_dim: int):
+    """(layout, launch constexprs, declared settings) shared by both split kernels."""
     batch, num_heads, key_dim = q.shape
-    if batch == 0:
-        return None
     layout = KVCacheLayout.infer(kv_cache, key_dim, value_dim)
     heads_per_kv = num_heads // layout.num_kv_heads
     block_h = _head_tile(heads_per_kv)
@@ -76,23 +131,51 @@ def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, sche
     # The key tile can stand in for the value tile only where the value is its first BLOCK_D dims.
     value_is_key = tiles.value_is_key and layout.value_offset == 0 and block_dv == block_d \
         and layout.value_dim == block_d
-    # The batch only appears through the schedule and the grid; block_table's row stride (the max
-    # blocks per request, a deployment setting) is do_not_specialize; strides of the cache, q and
-    # the partial buffers are per-model constants whose div-16 specialization pays for itself.
+    constexprs = dict(PAGE_SIZE=layout.block_size, HEADS_PER_KV=heads_per_kv, KEY_DIM=key_dim,
+                      VALUE_DIM=layout.value_dim, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
+                      BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv,
+                      VALUE_IS_KEY=value_is_key, TABLE_AHEAD=tiles.table_ahead)
+    return layout, constexprs, tiles
+
+
+def _split_strides(q, kv_cache, block_table, partial_out, partial_lse):
+    # block_table's row stride (the max blocks per request, a deployment setting) is
+    # do_not_specialize; strides of the cache, q and the partial buffers are per-model constants
+    # whose div-16 specialization pays for itself.
+    return (q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+            block_table.stride(0), partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0))
+
+
+def paged_decode_attention_split_launch(q, kv_cache, block_table, seq_lens, schedule, num_splits,
+                                        partial_out, partial_lse, scale: float, value_dim: int) -> Launch | None:
+    if q.shape[0] == 0:
+        return None
+    layout, constexprs, tiles = _split_constexprs(q, kv_cache, value_dim)
+    # The batch only appears through the schedule and the grid.
     return Launch(
-        grid=(schedule.shape[0], layout.num_kv_heads, cdiv(heads_per_kv, block_h)),
+        grid=(schedule.shape[0], layout.num_kv_heads, cdiv(constexprs["HEADS_PER_KV"], constexprs["BLOCK_H"])),
         args=(q, layout.keys(kv_cache), layout.values(kv_cache), block_table, seq_lens, schedule, num_splits,
-              partial_out, partial_lse,
-              q.stride(0), q.stride(1),
-              kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
-              block_table.stride(0),
-              partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
+              partial_out, partial_lse, *_split_strides(q, kv_cache, block_table, partial_out, partial_lse),
               float(scale) * math.log2(math.e)),
-        constexprs=dict(SCHEDULE_WIDTH=SCHEDULE_WIDTH, PAGE_SIZE=layout.block_size, HEADS_PER_KV=heads_per_kv,
-                        KEY_DIM=key_dim, VALUE_DIM=layout.value_dim,
-                        BLOCK_H=block_h, BLOCK_N=tiles.block_n,
-                        BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv,
-                        VALUE_IS_KEY=value_is_key, TABLE_AHEAD=tiles.table_ahead),
+        constexprs=dict(SCHEDULE_WIDTH=SCHEDULE_WIDTH, **constexprs),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+
+
+def paged_decode_attention_grid_split_launch(q, kv_cache, block_table, seq_lens, splits: int,
+                                             partial_out, partial_lse, scale: float, value_dim: int) -> Launch | None:
+    if q.shape[0] == 0:
+        return None
+    layout, constexprs, tiles = _split_constexprs(q, kv_cache, value_dim)
+    # The batch and the split count only size the grid and a do_not_specialize int: one binary per
+    # model geometry and dtype whatever the batch.
+    return Launch(
+        grid=(q.shape[0] * splits, layout.num_kv_heads, cdiv(constexprs["HEADS_PER_KV"], constexprs["BLOCK_H"])),
+        args=(q, layout.keys(kv_cache), layout.values(kv_cache), block_table, seq_lens, partial_out, partial_lse,
+              *_split_strides(q, kv_cache, block_table, partial_out, partial_lse),
+              float(scale) * math.log2(math.e), int(splits)),
+        constexprs=constexprs,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
@@ -115,6 +198,8 @@ def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, 
 
 
 paged_decode_attention_split_jit = JitKernel(paged_decode_attention_split_kernel, paged_decode_attention_split_launch)
+paged_decode_attention_grid_split_jit = JitKernel(paged_decode_attention_grid_split_kernel,
+                                                  paged_decode_attention_grid_split_launch)
 paged_decode_attention_combine_jit = JitKernel(paged_decode_attention_combine_kernel,
                                                paged_decode_attention_combine_launch)
 
@@ -127,8 +212,8 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
     GQA packs ``[K | V]`` per kv head (``v_head_dim`` None or ``key_dim``); MLA has one latent kv head
     whose value is the first ``v_head_dim`` dims of its ``key_dim``-wide key. ``block_table`` int32
     ``[batch, max_blocks]``, ``seq_lens`` int32 ``[batch]`` (0 gives a zero output). ``metadata`` is
-    ``mla_decode_metadata``'s ``(schedule, num_splits)``; None computes it with
-    ``default_num_sm_parts``. Returns ``[batch, num_heads, value_dim]`` in q's dtype (math in fp32).
+    ``paged_decode_metadata``'s (or ``mla_decode_metadata``'s ``(schedule, num_splits)``); None
+    computes it here. Returns ``[batch, num_heads, value_dim]`` in q's dtype (math in fp32).
     """
     batch, num_heads, key_dim = q.shape
     layout = KVCacheLayout.infer(kv_cache, key_dim, v_head_dim)
@@ -145,19 +230,29 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
     if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
         raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if metadata is None:
-        num_parts = default_num_sm_parts(q.device, layout.num_kv_heads, num_heads, key_dim)
-        metadata = mla_decode_metadata(seq_lens, num_heads, layout.block_size, num_parts)
+        metadata = paged_decode_metadata(seq_lens, block_table, num_heads, layout.num_kv_heads, key_dim,
+                                         layout.block_size)
     schedule, num_splits = metadata
-    if schedule.dim() != 2 or schedule.shape[1] != SCHEDULE_WIDTH or tuple(num_splits.shape) != (batch + 1,):
-        raise ValueError("metadata must be mla_decode_metadata's (schedule [parts, 8], num_splits [batch + 1])")
+    if tuple(num_splits.shape) != (batch + 1,) or (schedule is not None and (
+            schedule.dim() != 2 or schedule.shape[1] != SCHEDULE_WIDTH)):
+        raise ValueError("metadata must be paged_decode_metadata's: (schedule [parts, 8] or None, "
+                         "num_splits [batch + 1])")
 
-    # Worst case of the schedule: one split per request plus one per cut between parts.
-    max_splits = batch + schedule.shape[0]
+    if schedule is None:  # the grid kernel: the same host rule that built num_splits
+        splits = grid_splits_for(batch, block_table, layout.block_size, layout.num_kv_heads, num_heads, key_dim,
+                                  q.device)
+        max_splits = batch * splits
+    else:  # worst case of the schedule: one split per request plus one per cut between parts
+        max_splits = batch + schedule.shape[0]
     partial_out = torch.empty(max_splits, num_heads, layout.value_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(max_splits, num_heads, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_heads, layout.value_dim, dtype=q.dtype, device=q.device)
-    paged_decode_attention_split_jit(q, kv_cache, block_table, seq_lens, schedule, num_splits,
-                                     partial_out, partial_lse, scale, layout.value_dim)
+    if schedule is None:
+        paged_decode_attention_grid_split_jit(q, kv_cache, block_table, seq_lens, splits,
+                                              partial_out, partial_lse, scale, layout.value_dim)
+    else:
+        paged_decode_attention_split_jit(q, kv_cache, block_table, seq_lens, schedule, num_splits,
+                                         partial_out, partial_lse, scale, layout.value_dim)
     paged_decode_attention_combine_jit(partial_out, partial_lse, num_splits, out)
     return out
 
@@ -167,7 +262,7 @@ def _paged_decode_attention_op(q: torch.Tensor, kv_cache: torch.Tensor, block_ta
                                seq_lens: torch.Tensor, scale: float,
                                schedule: torch.Tensor | None = None, num_splits: torch.Tensor | None = None,
                                v_head_dim: int | None = None) -> torch.Tensor:
-    metadata = None if schedule is None else (schedule, num_splits)
+    metadata = None if num_splits is None else (schedule, num_splits)
     return paged_decode_attention(q, kv_cache, block_table, seq_lens, scale, metadata, v_head_dim)
 
 

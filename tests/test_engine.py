@@ -37,6 +37,24 @@ def test_triton_generates_the_same_tokens_as_the_reference():
     assert triton.result.steps == reference.steps
 
 
+def test_triton_generates_the_same_tokens_with_the_grid_split_kernel(monkeypatch):
+    """The engine with the grid split kernel declared (as cuda:90 declares it for MLA; the CPU takes
+    the default entry, so it is declared here): one metadata per step, the same tokens."""
+    from tritonwarm.launchers import paged_attention
+    from tritonwarm.launchers._attention_tiles import TileSettings
+
+    grid = TileSettings("grid", block_n=16, num_warps=4, num_stages=1, value_is_key=False, table_ahead=True,
+                        parts_per_sm=2)
+    monkeypatch.setattr(paged_attention, "settings_for", lambda key_dim: grid)
+    requests = [Request(i, _prompt(10 + i, n), m, (), a)
+                for i, (n, a, m) in enumerate(zip([5, 37, 1], [0, 0, 1], [4, 3, 4], strict=True))]
+    triton = serve(TINY, requests, mode="triton")
+    assert triton.result.outputs == serve(TINY, requests, mode="reference").result.outputs
+    launched = {k.rsplit(".", 1)[-1] for k in triton.monitor.launches}
+    assert "paged_decode_attention_grid_split_kernel" in launched
+    assert not launched & {"mla_decode_metadata_kernel", "paged_decode_attention_split_kernel"}
+
+
 def _check_invariants(scheduler: Scheduler, allocator: BlockAllocator):
     live = [seq for seq in scheduler.running]
     tables = [b for seq in live for b in seq.block_table]

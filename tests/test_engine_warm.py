@@ -21,12 +21,15 @@ from tritonwarm.launchers.moe_align import align_path
 from tritonwarm.launchers.rms_norm import rms_norm_launch
 
 LITE = ENGINES["deepseek-v2-lite"]
-ENGINE_KERNELS = {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "moe_topk_routing_kernel",
+COMMON_KERNELS = {"rms_norm_kernel", "silu_and_mul_kernel", "rotary_embedding_kernel", "moe_topk_routing_kernel",
                   "fused_moe_kernel", "moe_align_single_kernel", "moe_align_count_kernel", "moe_align_place_kernel",
-                  "mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
                   "paged_decode_attention_combine_kernel", "kv_block_zero_kernel"}
-# The tiny engine's steps (at most 32 tokens x top-2) all take moe_align's single-program path.
-TINY_KERNELS = ENGINE_KERNELS - {"moe_align_count_kernel", "moe_align_place_kernel"}
+SCHEDULE_KERNELS = {"mla_decode_metadata_kernel", "paged_decode_attention_split_kernel"}
+# DeepSeek-V2-Lite's 576-wide latent is cuda:90's "wide" class: the grid split kernel, no schedule.
+ENGINE_KERNELS = COMMON_KERNELS | {"paged_decode_attention_grid_split_kernel"}
+# The tiny engine's steps (at most 32 tokens x top-2) all take moe_align's single-program path; its
+# 48-wide latent is "narrow": the schedule-driven split kernel on every target.
+TINY_KERNELS = COMMON_KERNELS - {"moe_align_count_kernel", "moe_align_place_kernel"} | SCHEDULE_KERNELS
 
 
 def _entries(cache_dir):
@@ -83,7 +86,7 @@ def test_jit_policy_error_refuses_a_cold_cache(engine_cli, tmp_path, capsys):
     assert rc == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "engine start refused" in err
-    assert "paged_decode_attention_split_kernel" in err and "moe_topk_routing_kernel" in err
+    assert "paged_decode_attention_grid_split_kernel" in err and "moe_topk_routing_kernel" in err
     assert _entries(tmp_path) == set()  # a dry run compiles nothing
 
 

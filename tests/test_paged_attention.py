@@ -144,12 +144,15 @@ def test_opcheck():
 
 def run_split_variant(layout, num_heads, seq_lens, dtype, seed, grid_splits=None, **flags):
     """The split + combine kernels with ``flags`` overriding the launch spec's constexprs; with
-    ``grid_splits`` the schedule-free grid kernel instead, that many splits per request."""
-    from tritonwarm.jit import JitKernel, Launch
-    from tritonwarm.kernels.paged_attention import paged_decode_attention_grid_split_kernel
+    ``grid_splits`` the library's grid kernel and launch spec instead, that many splits per request.
+    Partial buffers start as NaN: a slot the combine reads but nobody wrote shows up. Returns (out,
+    partial_out after the split kernel)."""
+    from tritonwarm.jit import Launch
     from tritonwarm.launchers.paged_attention import (
         paged_decode_attention_combine_jit,
         paged_decode_attention_combine_launch,
+        paged_decode_attention_grid_split_jit,
+        paged_decode_attention_grid_split_launch,
         paged_decode_attention_split_jit,
         paged_decode_attention_split_launch,
     )
@@ -158,27 +161,26 @@ def run_split_variant(layout, num_heads, seq_lens, dtype, seed, grid_splits=None
     scale = 1 / math.sqrt(layout.key_dim)
     batch = len(seq_lens)
     schedule, num_splits = mla_decode_metadata(lens, num_heads, layout.block_size, 3)
-    slots = batch * (grid_splits or 1) + schedule.shape[0]
+    slots = batch * grid_splits if grid_splits else batch + schedule.shape[0]
     partial_out = torch.full((slots, num_heads, layout.value_dim), float("nan"))
     partial_lse = torch.full((slots, num_heads), float("nan"))
-    launch = paged_decode_attention_split_launch(q, cache, block_table, lens, schedule, num_splits,
-                                                 partial_out, partial_lse, scale, layout.value_dim)
-    constexprs = dict(launch.constexprs, **flags)
-    jit = paged_decode_attention_split_jit
     if grid_splits:
-        constexprs.pop("SCHEDULE_WIDTH")
-        heads_per_kv = num_heads // layout.num_kv_heads
-        launch = Launch((batch * grid_splits, layout.num_kv_heads, -(-heads_per_kv // constexprs["BLOCK_H"])),
-                        launch.args[:5] + launch.args[7:] + (grid_splits,))
-        num_splits = torch.arange(batch + 1, dtype=torch.int32) * grid_splits
-        jit = JitKernel(paged_decode_attention_grid_split_kernel, lambda: None, name="test.grid_split")
-    jit.launch(Launch(launch.grid, launch.args, constexprs, launch.num_warps, launch.num_stages))
+        jit = paged_decode_attention_grid_split_jit
+        launch = paged_decode_attention_grid_split_launch(q, cache, block_table, lens, grid_splits, partial_out,
+                                                          partial_lse, scale, layout.value_dim)
+        num_splits = torch.arange(0, (batch + 1) * grid_splits, grid_splits, dtype=torch.int32)
+    else:
+        jit = paged_decode_attention_split_jit
+        launch = paged_decode_attention_split_launch(q, cache, block_table, lens, schedule, num_splits,
+                                                     partial_out, partial_lse, scale, layout.value_dim)
+    jit.launch(Launch(launch.grid, launch.args, dict(launch.constexprs, **flags), launch.num_warps,
+                      launch.num_stages))
     out = torch.full((batch, num_heads, layout.value_dim), float("nan"), dtype=dtype)
     paged_decode_attention_combine_jit.launch(
         paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, out))
     expected = paged_decode_attention_reference(q, cache, block_table, lens, scale, layout)
     torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
-    return out
+    return out, partial_out
 
 
 @pytest.mark.parametrize("table_ahead", [False, True])
@@ -195,12 +197,109 @@ def test_table_ahead_gqa(block_n):
 
 @pytest.mark.parametrize("splits", [1, 3, 5])
 def test_grid_kernel_with_empty_splits(splits):
-    # 5 splits of 45 tokens in 16-token tiles: 3 tiles, so splits past the end write lse -inf and
-    # zeros; a zero-length request has only empty splits and gives zeros.
-    out = run_split_variant(GQA, 4, [45, 0, 17], torch.float32, 13, grid_splits=splits, BLOCK_N=16,
-                            TABLE_AHEAD=splits == 3)
+    # 5 splits of 45 tokens in 16-token tiles: 3 tiles, so splits past the end write only lse -inf;
+    # a zero-length request has only empty splits and gives zeros.
+    out, _ = run_split_variant(GQA, 4, [45, 0, 17], torch.float32, 13, grid_splits=splits, BLOCK_N=16,
+                               TABLE_AHEAD=splits == 3)
     assert (out[1] == 0).all()
     run_split_variant(MLA, 4, [100, 5], torch.bfloat16, 14, grid_splits=splits, BLOCK_N=16, VALUE_IS_KEY=True)
+
+
+def test_empty_splits_leave_their_partial_rows_unwritten_and_unread():
+    """Partial rows start as NaN. The grid kernel leaves those of empty splits alone (still NaN after
+    it ran), and the combine never lets them into the output (finite and equal to the reference)."""
+    out, partial_out = run_split_variant(GQA, 4, [45, 0, 1], torch.float32, 16, grid_splits=4, BLOCK_N=16)
+    per_request = partial_out.view(3, 4, *partial_out.shape[1:]).isnan().all(dim=-1).all(dim=-1)
+    # 45 tokens = 3 tiles over 4 splits; 0 tokens: all 4 empty; 1 token: one tile, 3 empty splits
+    assert per_request.tolist() == [[False, False, False, True], [True] * 4, [False, True, True, True]]
+    assert torch.isfinite(out).all()
+
+
+# --------------------------------------------------------------------------- the grid path, wired
+
+def declare(monkeypatch, kernel, block_n=16, parts_per_sm=4, **fields):
+    """Make every geometry class take ``kernel`` with these tiles (the interpreter's target has the
+    ``default`` entry, which stays ``schedule`` in the shipped data)."""
+    from tritonwarm.launchers import paged_attention
+    from tritonwarm.launchers._attention_tiles import TileSettings
+
+    settings = TileSettings(**dict(dict(kernel=kernel, block_n=block_n, num_warps=4, num_stages=1,
+                                        value_is_key=False, table_ahead=False, parts_per_sm=parts_per_sm), **fields))
+    monkeypatch.setattr(paged_attention, "settings_for", lambda key_dim: settings)
+    return settings
+
+
+def test_split_rule_as_documented():
+    from tritonwarm.launchers.paged_attention import grid_splits
+
+    # the H200 cases (132 SMs, MLA: one program per request and split; N64, 2 parts per SM)
+    assert grid_splits(64, 1, 2048, 64, 2, 132) == 5  # ceil(264 / 64)
+    assert grid_splits(128, 1, 8192, 64, 2, 132) == 3  # ceil(264 / 128)
+    assert grid_splits(1, 1, 4096, 64, 2, 132) == 64  # 264 wanted, capped at 4096 / 64 tiles
+    # more programs per request (GQA: 8 kv heads) need fewer splits; never fewer than one
+    assert grid_splits(4, 8, 1 << 17, 64, 2, 132) == 9
+    assert grid_splits(1024, 8, 1 << 17, 64, 2, 132) == 1
+    # the cap is the capacity in tiles, rounded up
+    assert grid_splits(1, 1, 65, 32, 4, 132) == 3
+
+
+def test_grid_metadata_depends_on_shapes_only(monkeypatch):
+    from tritonwarm.launchers.paged_attention import NOMINAL_SM_COUNT, paged_decode_metadata
+
+    declare(monkeypatch, "grid", block_n=16, parts_per_sm=4)
+    lens = torch.tensor([3, 0, 40], dtype=torch.int32)
+    for width, splits in ((1, 1), (2, 2), (64, -(-NOMINAL_SM_COUNT * 4 // (3 * 2)))):
+        table = torch.zeros(3, width, dtype=torch.int32)
+        schedule, num_splits = paged_decode_metadata(lens, table, 4, 2, 32, 16)  # GQA: 2 kv heads, 1 tile
+        assert schedule is None
+        assert num_splits.tolist() == [r * splits for r in range(4)]
+        # the lengths never enter: other lengths, the same metadata
+        assert paged_decode_metadata(lens * 0 + 7, table, 4, 2, 32, 16)[1].tolist() == num_splits.tolist()
+    declare(monkeypatch, "schedule")
+    schedule, num_splits = paged_decode_metadata(lens, table, 4, 2, 32, 16)
+    assert schedule is not None and schedule.shape[1] == 8
+
+
+@pytest.mark.parametrize("parts_per_sm", [1, 16])  # 16: more splits than tiles for every request
+@pytest.mark.parametrize("layout,num_heads,v_head_dim", [(GQA, 4, None), (GQA, 6, None), (MLA, 4, 64)],
+                         ids=["gqa", "gqa3", "mla"])
+def test_grid_path_matches_reference(monkeypatch, layout, num_heads, v_head_dim, parts_per_sm):
+    # lengths 0, 1, a page, mid-page, several pages; then batch 1
+    declare(monkeypatch, "grid", block_n=16, parts_per_sm=parts_per_sm, table_ahead=parts_per_sm == 1,
+            value_is_key=v_head_dim is not None)
+    check(layout, num_heads, [0, 1, 16, 45, 70], torch.float32, seed=17, v_head_dim=v_head_dim)
+    check(layout, num_heads, [37], torch.bfloat16, seed=18, v_head_dim=v_head_dim)
+
+
+def test_grid_path_takes_schedule_metadata_too(monkeypatch):
+    # A caller's own mla_decode_metadata pair runs the schedule kernel whatever is declared.
+    declare(monkeypatch, "grid")
+    check(GQA, 4, [40, 1, 70, 16], torch.float32, seed=19, metadata=schedule_without_overhead(5, 16))
+
+
+def test_grid_path_opcheck(monkeypatch):
+    from tritonwarm.launchers.paged_attention import paged_decode_metadata
+
+    declare(monkeypatch, "grid", block_n=16, parts_per_sm=2)
+    q, cache, block_table, lens = make_inputs(MLA, 2, [20, 3], torch.float32, 20, nan_poison=False)
+    schedule, num_splits = paged_decode_metadata(lens, block_table, 2, 1, MLA.key_dim, MLA.block_size)
+    assert schedule is None
+    torch.library.opcheck(torch.ops.tritonwarm.paged_decode_attention.default,
+                          (q, cache, block_table, lens, 0.125, None, num_splits, 64))
+
+
+def test_sm90_mla_launches_the_grid_kernel_and_no_schedule():
+    """The shipped data: cuda:90 wide is the grid kernel (no schedule kernel launched); GQA and
+    every gfx942 geometry stay on the schedule."""
+    for target, name, split_kernel in (("sm90", "deepseek_mla", "paged_decode_attention_grid_split_kernel"),
+                                       ("sm90", "llama_gqa", "paged_decode_attention_split_kernel"),
+                                       ("gfx942", "deepseek_mla", "paged_decode_attention_split_kernel")):
+        kernels = {v.kernel.rsplit(".", 1)[1] for v in trace_call(TARGETS[target], paged_decode_attention,
+                                                                    *real_call_args(name))}
+        expected = {split_kernel, "paged_decode_attention_combine_kernel"}
+        if split_kernel == "paged_decode_attention_split_kernel":
+            expected.add("mla_decode_metadata_kernel")
+        assert kernels == expected, (target, name)
 
 
 # --------------------------------------------------------------------------- real geometries: compile
@@ -226,9 +325,11 @@ def real_call_args(name, batch=8, dtype=torch.bfloat16):
 def test_compiles_real_geometry(compile_call, target, name):
     compiled = {v.kernel.rsplit(".", 1)[1]: (v, c) for v, c in compile_call(target, paged_decode_attention,
                                                                              *real_call_args(name))}
-    assert set(compiled) == {"mla_decode_metadata_kernel", "paged_decode_attention_split_kernel",
-                             "paged_decode_attention_combine_kernel"}
-    split, binary = compiled["paged_decode_attention_split_kernel"]
+    grid = target == "sm90" and name == "deepseek_mla"  # the declared cuda:90 wide kernel
+    split_name = "paged_decode_attention_grid_split_kernel" if grid else "paged_decode_attention_split_kernel"
+    assert set(compiled) == {split_name, "paged_decode_attention_combine_kernel"} | (
+        set() if grid else {"mla_decode_metadata_kernel"})
+    split, binary = compiled[split_name]
     assert binary.metadata.shared <= SHARED_MEMORY_LIMIT[target]
     if target == "sm90":
         with tempfile.TemporaryDirectory() as tmp:
@@ -236,8 +337,8 @@ def test_compiles_real_geometry(compile_call, target, name):
             cubin.write_bytes(binary.asm["cubin"])
             usage = resource_usage(TARGETS[target], {cubin.name: str(cubin)})
         if usage is not None:  # cuobjdump ships with Triton's NVIDIA backend
-            # No spills. The MLA setting measured fastest on an H200 (3 stages, the key tile as
-            # value) keeps a 16-byte stack frame; anything larger means the settings changed.
+            # No spills. The MLA settings measured fastest on an H200 (3 stages, the key tile as
+            # value) keep at most a 16-byte stack frame; anything larger means the settings changed.
             assert usage["local"] == 0 and usage["stack"] <= 16, usage
 
 
@@ -297,3 +398,7 @@ def test_shipped_tile_data_parses_and_names_bad_fields():
                            "cuda:90": {"wide": good, "narrow": dict(good, block_n=48)}}, "tiles.json")
     with pytest.raises(ValueError, match="default"):
         tiles.parse_tiles({"cuda:90": {"wide": good, "narrow": good}}, "tiles.json")
+    with pytest.raises(ValueError, match=r"default\.wide\.kernel: invalid value 'tiles'"):
+        tiles.parse_tiles({"default": {"wide": dict(good, kernel="tiles"), "narrow": good}}, "tiles.json")
+    assert tiles.parse_tiles({"default": {"wide": dict(good, kernel="grid"), "narrow": good}},
+                             "tiles.json")["default"]["wide"].kernel == "grid"
