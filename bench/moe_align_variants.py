@@ -13,11 +13,13 @@ Per case (routed slots = tokens x top_k over num_experts experts, block_size) an
   replayed from a CUDA graph.
 
 Variants: ``launcher`` (the public call, whichever path its rule picks), ``three_kernels`` (count ->
-one-program scan -> scatter + a sentinel fill), ``count_place`` (count -> place, the place programs
-read the whole count table; a sweep of one-hot size x warps), ``single`` (one program, two passes,
-one launch). Every variant's output is compared with the PyTorch reference once per case; a wrong
-one is reported WRONG and not timed; a failing one prints one line and the run goes on. Compiles
-stop being started once ``--budget-s`` seconds have passed (the rest is reported as skipped).
+one-program scan -> scatter + a sentinel fill: the older large-size path, the baseline),
+``expert_scan`` (count -> scan by slices of experts -> segment scatter, every output from kernels),
+``count_place`` (count -> place, the place programs read the whole count table; a sweep of one-hot
+size x warps), ``single`` (one program, two passes, one launch). Every variant's output is compared
+with the PyTorch reference once per case; a wrong one is reported WRONG and not timed; a failing one
+prints one line and the run goes on. Compiles stop being started once ``--budget-s`` seconds have
+passed (the rest is reported as skipped).
 
 Without a GPU every variant runs once at small sizes through Triton's interpreter and is checked;
 nothing is timed and it exits 0 saying so.
@@ -64,6 +66,7 @@ def variants(numel: int, num_experts: int) -> dict[str, Callable]:
     out: dict[str, Callable] = {  # the baseline first: the others' ratios are against it
         "three_kernels": lambda f, bs: ma.align_three_kernels(f, num_experts, bs),
         "launcher": lambda f, bs: ma.moe_align_block_size(f, num_experts, bs),
+        "expert_scan": lambda f, bs: ma.align_expert_scan(f, num_experts, bs),
     }
     for one_hot, warps in PLACE_SWEEP:
         _, _, tiles = ma._tiling(numel, num_experts, one_hot)
@@ -91,6 +94,17 @@ def stages(name: str, flat: torch.Tensor, num_experts: int, bs: int) -> dict[str
             "count": lambda: ma.moe_align_count_jit(flat, counts, num_experts),
             "scan": lambda: ma.moe_align_scan_jit(flat, counts, starts, expert_ids, post, num_experts, bs),
             "scatter": lambda: ma.moe_align_scatter_jit(flat, starts, sorted_ids, num_experts),
+        }
+    if name == "expert_scan":
+        _, _, tiles = ma._tiling(numel, num_experts)
+        counts = torch.empty((tiles, num_experts), dtype=torch.int32, device=flat.device)
+        starts = torch.empty_like(counts)
+        totals = torch.empty((num_experts,), dtype=torch.int32, device=flat.device)
+        return {
+            "count": lambda: ma.moe_align_count_jit(flat, counts, num_experts),
+            "expert_scan": lambda: ma.moe_align_expert_scan_jit(counts, starts, totals, num_experts),
+            "segment_scatter": lambda: ma.moe_align_segment_scatter_jit(flat, starts, totals, sorted_ids, expert_ids,
+                                                                        post, num_experts, bs),
         }
     if name.startswith("count_place"):
         one_hot, warps = (int(part[2:]) if i == 0 else int(part[1:]) for i, part in enumerate(name.split()[1:]))

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..launchers.fused_moe import DEFAULT_CONFIGS as DEFAULT_TILE_CONFIGS
-from ..launchers.fused_moe import load_tile_table
+from ..launchers.fused_moe import TileTable, active_tile_table, load_tile_table
 from ..launchers.kv_cache import KVCacheLayout
 from ..launchers.moe_align import path_token_counts
 from .config import EngineConfig
@@ -43,7 +42,9 @@ class Model:
         self.layers = [_layer_weights(weights, cfg, i) for i in range(cfg.num_layers)]
         self.cos_sin_cache = _cos_sin_cache(config.max_model_len, cfg.qk_rope_head_dim, cfg.rope_theta, self.device)
         self.scale = 1.0 / math.sqrt(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
-        self.moe_tiles = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS)
+        # None: each launch reads the table of the target it runs on (``active_tile_table``), so a
+        # warm-up traced under sm90's driver and the engine on an H200 pick the same tiles.
+        self.moe_tiles = load_tile_table(config.moe_tile_configs) if config.moe_tile_configs else None
 
     def forward(self, step: StepInputs, kv_caches: list[torch.Tensor]) -> torch.Tensor:
         """Logits (fp32) of ``step.sample_rows``; the step's latent KV is written to the caches."""
@@ -99,14 +100,21 @@ class Model:
         return routed
 
 
+def engine_tile_table(config: EngineConfig) -> TileTable:
+    """The fused MoE tile table the engine launches with: the config's ``moe_tile_configs`` where set,
+    else the table of the target Triton's active driver compiles for (``default.json`` without one)."""
+    return load_tile_table(config.moe_tile_configs) if config.moe_tile_configs else active_tile_table()
+
+
 def plan_token_counts(config: EngineConfig) -> list[int]:
     """Token counts at which the model's launch choices change (besides Triton's scalar classes):
     one per entry of the fused MoE tile table, and either side of each change of the MoE alignment's
-    path, up to the step's token budget."""
+    path, up to the step's token budget. Call it under the driver of the target being planned (as
+    ``engine_plan`` does): the table is that target's."""
     cfg = config.model
     if not cfg.num_experts:
         return []
-    buckets = load_tile_table(config.moe_tile_configs or DEFAULT_TILE_CONFIGS).bucket_tokens(config.max_num_tokens)
+    buckets = engine_tile_table(config).bucket_tokens(config.max_num_tokens)
     return sorted(set(buckets) | set(path_token_counts(cfg.top_k, cfg.num_experts, config.max_num_tokens)))
 
 

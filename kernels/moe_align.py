@@ -7,9 +7,13 @@ on the data: ``sorted_token_ids`` holds ``numel`` (the sentinel) in padding and 
 ``num_tokens_post_padded``; ``expert_ids`` holds -1 for blocks past it. Ids outside
 ``[0, num_experts)`` (e.g. -1 for experts of another expert-parallel rank) are dropped.
 
-Three kernels, no atomics, so the result never depends on scheduling:
-count (per tile of ids, per expert) -> scan (one program: expert offsets, block experts, per-tile
-starting positions) -> scatter (per tile: starting position + rank inside the tile).
+No atomics anywhere, so the result never depends on scheduling. Three paths (the launcher picks one
+by the slot count): a single program (few ids); count -> place (each place program reads the whole
+count table); count -> expert scan -> segment scatter (any size): the scan's programs each own a slice
+of experts and scan their columns of the count table down the tiles (independent of each other), and
+each scatter program derives the expert segments from the E per-expert totals and writes its share of
+the padding, the tail and the block experts. The first three kernels below (count -> one-program scan
+-> scatter, sentinel filled on the host) are the older large-size path, kept as a benchmark baseline.
 """
 
 import torch
@@ -187,18 +191,78 @@ def moe_align_place_kernel(
     position = tl.sum(one_hot * base, axis=1)
     tl.store(sorted_token_ids_ptr + position, slots, mask=(ids >= 0) & (ids < num_experts))
 
-    # This program's share of the rest: padding of experts e with e % programs == tile, an equal
-    # slice of the tail past total_padded, an equal slice of the block experts.
-    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok & (experts % programs == tile),
+    _write_share(sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr, starts, totals, ends,
+                 total_padded, expert_ok, experts, numel, block_size, max_padded, max_blocks, tile, programs, TILE)
+
+
+@triton.jit
+def _write_share(sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr, starts, totals, ends,
+                 total_padded, expert_ok, experts, numel, block_size, max_padded, max_blocks, program, programs,
+                 STEP: tl.constexpr):
+    # Program ``program`` of ``programs``: the sentinel padding of experts e with e % programs ==
+    # program, an equal slice of the tail past total_padded, an equal slice of the block experts.
+    _fill_expert_padding(sorted_token_ids_ptr, starts, totals, ends, expert_ok & (experts % programs == program),
                          numel, block_size)
     tail = (max_padded - total_padded + programs - 1) // programs
-    lo = total_padded + tile * tail
-    _fill_range(sorted_token_ids_ptr, lo, tl.minimum(lo + tail, max_padded), numel, TILE)
+    lo = total_padded + program * tail
+    _fill_range(sorted_token_ids_ptr, lo, tl.minimum(lo + tail, max_padded), numel, STEP)
     share = (max_blocks + programs - 1) // programs
-    _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, tile * share,
-                   tl.minimum(tile * share + share, max_blocks), TILE)
-    if tile == 0:
+    _block_experts(expert_ids_ptr, ends, expert_ok, total_padded, block_size, program * share,
+                   tl.minimum(program * share + share, max_blocks), STEP)
+    if program == 0:
         tl.store(num_tokens_post_padded_ptr, total_padded)
+
+
+# --------------------------------------------------------------------------- any size, no serial scan
+
+
+@triton.jit(do_not_specialize=["num_tiles"])
+def moe_align_expert_scan_kernel(
+    tile_counts_ptr, tile_starts_ptr, expert_totals_ptr, num_tiles, num_experts,
+    EXPERTS: tl.constexpr, TILES_PER_STEP: tl.constexpr,
+):
+    # Program p scans the count-table columns of experts [p * EXPERTS, (p + 1) * EXPERTS) down the
+    # tiles: where each tile's slots of an expert begin inside that expert's segment (an exclusive
+    # running sum), and the expert's total. Columns are independent, so programs never wait on each other.
+    experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
+    expert_ok = experts < num_experts
+    rows = tl.arange(0, TILES_PER_STEP)
+    running = tl.zeros([EXPERTS], tl.int32)
+    first = 0
+    while first < num_tiles:
+        tiles = first + rows
+        offsets = tiles[:, None] * num_experts + experts[None, :]
+        mask = (tiles < num_tiles)[:, None] & expert_ok[None, :]
+        counts = tl.load(tile_counts_ptr + offsets, mask=mask, other=0)
+        tl.store(tile_starts_ptr + offsets, running[None, :] + tl.cumsum(counts, axis=0) - counts, mask=mask)
+        running += tl.sum(counts, axis=0)
+        first += TILES_PER_STEP
+    tl.store(expert_totals_ptr + experts, running, mask=expert_ok)
+
+
+@triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
+def moe_align_segment_scatter_kernel(
+    topk_ids_ptr, tile_starts_ptr, expert_totals_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+    num_tokens_post_padded_ptr, numel, num_experts, block_size, max_padded, max_blocks,
+    TILE: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    # One program per tile of ids (the count kernel's tiles). It reads E totals (not the count
+    # table): expert segment start + the tile's start inside the segment + rank inside the tile.
+    tile = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    expert_ok = experts < num_experts
+    totals = tl.load(expert_totals_ptr + experts, mask=expert_ok, other=0)
+    starts, ends, total_padded = _segments(totals, block_size)
+    slots = tile * TILE + tl.arange(0, TILE)
+    ids = tl.load(topk_ids_ptr + slots, mask=slots < numel, other=-1).to(tl.int32)
+    valid = (ids >= 0) & (ids < num_experts)
+    one_hot = (ids[:, None] == experts[None, :]).to(tl.int32)
+    within = tl.load(tile_starts_ptr + tile * num_experts + ids, mask=valid, other=0)
+    position = tl.sum(one_hot * (starts[None, :] + tl.cumsum(one_hot, axis=0) - one_hot), axis=1) + within
+    tl.store(sorted_token_ids_ptr + position, slots, mask=valid)
+    _write_share(sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr, starts, totals, ends,
+                 total_padded, expert_ok, experts, numel, block_size, max_padded, max_blocks, tile,
+                 tl.num_programs(0), TILE)
 
 
 @triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])

@@ -8,9 +8,11 @@ import torch
 from ..jit import JitKernel, Launch
 from ..kernels.moe_align import (
     moe_align_count_kernel,
+    moe_align_expert_scan_kernel,
     moe_align_place_kernel,
     moe_align_scan_kernel,
     moe_align_scatter_kernel,
+    moe_align_segment_scatter_kernel,
     moe_align_single_kernel,
 )
 from ._host import cdiv, next_power_of_2
@@ -21,11 +23,21 @@ MAX_TILE = 1024
 
 # Which path runs, by the routed slot count (numel) and the tile count it makes: a single program up
 # to SINGLE_MAX_NUMEL slots (one launch); count -> place while every place program's read of the
-# whole [num_tiles, num_experts] count table stays small; the three-kernel path beyond that.
+# whole [num_tiles, num_experts] count table stays small; count -> expert scan -> segment scatter
+# beyond that (three launches, no program reads more than its own count-table slice).
 SINGLE_MAX_NUMEL = 1024
 PLACE_ONE_HOT_ELEMENTS = 16384
 PLACE_NUM_WARPS = 8
-PLACE_MAX_TABLE = 1 << 17  # num_tiles * num_experts
+# Place cost grows with the table each of its programs reads: on the H200 place took 11.3 µs at
+# 4096 x top-6 / 64 experts (96 tiles) and 36.1 µs at 16384 x top-6 (384 tiles), while the scatter
+# that does the same one-hot work per tile without the table read took 4.1 and 8.2 µs. The expert
+# scan path (count + a one-step scan + that scatter plus its share of the fills) takes over from
+# 128 tiles at 64 experts; the exact crossover is not yet measured on a GPU.
+PLACE_MAX_TABLE = 1 << 13  # num_tiles * num_experts (place tiling)
+# The expert scan: SCAN_EXPERTS count-table columns per program, SCAN_TILES_PER_STEP rows per step,
+# so 64 experts scan in 8 programs and 16K x top-6 slots (768 tiles) in one step each.
+SCAN_EXPERTS = 8
+SCAN_TILES_PER_STEP = 1024
 
 
 def _tiling(numel: int, num_experts: int, one_hot: int = ONE_HOT_ELEMENTS) -> tuple[int, int, int]:
@@ -91,11 +103,29 @@ def moe_align_single_launch(flat_ids, sorted_token_ids, expert_ids, num_tokens_p
                   num_warps=num_warps)
 
 
+def moe_align_expert_scan_launch(tile_counts, tile_starts, expert_totals, num_experts: int) -> Launch:
+    return Launch(grid=(cdiv(num_experts, SCAN_EXPERTS),),
+                  args=(tile_counts, tile_starts, expert_totals, tile_counts.shape[0], num_experts),
+                  constexprs=dict(EXPERTS=SCAN_EXPERTS, TILES_PER_STEP=SCAN_TILES_PER_STEP), num_warps=8)
+
+
+def moe_align_segment_scatter_launch(flat_ids, tile_starts, expert_totals, sorted_token_ids, expert_ids,
+                                     num_tokens_post_padded, num_experts: int, block_size: int) -> Launch:
+    numel = flat_ids.numel()
+    tile, block_e, num_tiles = _tiling(numel, num_experts)
+    return Launch(grid=(num_tiles,),
+                  args=(flat_ids, tile_starts, expert_totals, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                        numel, num_experts, block_size, sorted_token_ids.numel(), expert_ids.numel()),
+                  constexprs=dict(TILE=tile, BLOCK_E=block_e), num_warps=4)
+
+
 moe_align_count_jit = JitKernel(moe_align_count_kernel, moe_align_count_launch)
 moe_align_scan_jit = JitKernel(moe_align_scan_kernel, moe_align_scan_launch)
 moe_align_scatter_jit = JitKernel(moe_align_scatter_kernel, moe_align_scatter_launch)
 moe_align_place_jit = JitKernel(moe_align_place_kernel, moe_align_place_launch)
 moe_align_single_jit = JitKernel(moe_align_single_kernel, moe_align_single_launch)
+moe_align_expert_scan_jit = JitKernel(moe_align_expert_scan_kernel, moe_align_expert_scan_launch)
+moe_align_segment_scatter_jit = JitKernel(moe_align_segment_scatter_kernel, moe_align_segment_scatter_launch)
 
 
 def _flat_ids(topk_ids: torch.Tensor, num_experts: int, block_size: int) -> torch.Tensor:
@@ -134,8 +164,25 @@ def align_count_place(flat_ids, num_experts: int, block_size: int, one_hot: int 
     return out
 
 
+def align_expert_scan(flat_ids, num_experts: int, block_size: int):
+    """Count -> expert scan -> segment scatter (needs at least one id): any size, every output written
+    by the kernels, no program that walks the whole count table or the whole block list alone."""
+    device = flat_ids.device
+    out = _outputs(flat_ids.numel(), num_experts, block_size, device)
+    _, _, num_tiles = _tiling(flat_ids.numel(), num_experts)
+    tile_counts = torch.empty((num_tiles, num_experts), dtype=torch.int32, device=device)
+    tile_starts = torch.empty((num_tiles, num_experts), dtype=torch.int32, device=device)
+    expert_totals = torch.empty((num_experts,), dtype=torch.int32, device=device)
+    moe_align_count_jit(flat_ids, tile_counts, num_experts)
+    moe_align_expert_scan_jit(tile_counts, tile_starts, expert_totals, num_experts)
+    moe_align_segment_scatter_jit(flat_ids, tile_starts, expert_totals, *out, num_experts, block_size)
+    return out
+
+
 def align_three_kernels(flat_ids, num_experts: int, block_size: int):
-    """Count -> one-program scan -> scatter, the sentinel filled on the host side: any size."""
+    """Count -> one-program scan -> scatter, the sentinel filled on the host side: any size. The older
+    large-size path (its one-program scan walks every tile and every block serially); no size picks it
+    any more, ``bench/moe_align_variants.py`` keeps it as a baseline."""
     device = flat_ids.device
     numel = flat_ids.numel()
     max_padded = numel + num_experts * (block_size - 1)
@@ -154,11 +201,11 @@ def align_three_kernels(flat_ids, num_experts: int, block_size: int):
 
 
 def align_path(numel: int, num_experts: int) -> str:
-    """The declared rule: 'single', 'count_place' or 'three_kernels' for this many slots."""
+    """The declared rule: 'single', 'count_place' or 'expert_scan' for this many slots."""
     if numel <= SINGLE_MAX_NUMEL:
         return "single"
     _, _, num_tiles = _tiling(numel, num_experts, PLACE_ONE_HOT_ELEMENTS)
-    return "count_place" if num_tiles * num_experts <= PLACE_MAX_TABLE else "three_kernels"
+    return "count_place" if num_tiles * num_experts <= PLACE_MAX_TABLE else "expert_scan"
 
 
 def path_token_counts(top_k: int, num_experts: int, max_tokens: int) -> list[int]:
@@ -185,7 +232,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
         return align_single(flat_ids, num_experts, block_size)
     if path == "count_place":
         return align_count_place(flat_ids, num_experts, block_size)
-    return align_three_kernels(flat_ids, num_experts, block_size)
+    return align_expert_scan(flat_ids, num_experts, block_size)
 
 
 @custom_op("tritonwarm::moe_align_block_size", mutates_args=())

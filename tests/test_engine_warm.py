@@ -16,7 +16,7 @@ from tritonwarm.jit import TARGETS, JitKernel, Launch
 from tritonwarm.jit.monitor import JitPolicyError
 from tritonwarm.jit.warmup import warm
 from tritonwarm.kernels.rms_norm import rms_norm_kernel
-from tritonwarm.launchers.fused_moe import load_tile_table
+from tritonwarm.launchers.fused_moe import load_tile_table, target_table_path
 from tritonwarm.launchers.moe_align import align_path
 from tritonwarm.launchers.rms_norm import rms_norm_launch
 
@@ -58,7 +58,7 @@ def test_plan_covers_every_engine_kernel_once_per_configuration(lite_cache):
     # Batch sizes never multiply variants through Triton's scalar classes: rms_norm has three (hidden
     # 2048, the 512 latent, with and without the fused residual), and the fused MoE GEMM two (gate/up,
     # down) per tile-table entry that a step of up to max_num_tokens tokens selects.
-    tiles = load_tile_table()
+    tiles = load_tile_table(target_table_path("sm90"))  # the table the engine launches with on sm90
     entries = {tiles.select(m) for m in range(1, LITE.max_num_tokens + 1)}
     assert len(entries) > 1
     assert kernels.count("fused_moe_kernel") == 2 * len(entries)

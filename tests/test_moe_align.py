@@ -14,6 +14,7 @@ PATHS = {
     "count_place": align.align_count_place,
     "count_place_small_tiles": lambda f, e, b: align.align_count_place(f, e, b, one_hot=1024, num_warps=4),
     "three_kernels": align.align_three_kernels,
+    "expert_scan": align.align_expert_scan,
 }
 
 
@@ -74,7 +75,7 @@ def test_empty_experts_and_all_to_one_expert(path):
 
 def test_launcher_switches_path_at_the_declared_sizes():
     # Mixtral geometry (8 experts, top-2): one program up to SINGLE_MAX_NUMEL slots, count -> place
-    # beyond; DeepSeek-V3 (256 experts) falls back to three kernels once the count table is large.
+    # beyond; DeepSeek-V3 (256 experts) takes count -> expert scan -> scatter once the count table is large.
     last_single = align.SINGLE_MAX_NUMEL // 2
     assert align.path_token_counts(2, 8, 16384) == [last_single, last_single + 1]
     for tokens, path in [(last_single, "single"), (last_single + 1, "count_place")]:
@@ -83,10 +84,28 @@ def test_launcher_switches_path_at_the_declared_sizes():
             moe_align_block_size(fake_tensor((tokens, 2), torch.int32), 8, 16)
         assert cap.launches == {"single": 1, "count_place": 2}[path]
         assert_align_matches(random_ids(tokens, 2, 8, seed=tokens), 8, 16)
-    assert align.align_path(16384 * 8, 256) == "three_kernels"
+    assert align.align_path(16384 * 8, 256) == "expert_scan"
     with capture(TARGETS["sm90"]) as cap:
         moe_align_block_size(fake_tensor((16384, 8), torch.int32), 256, 64)
     assert cap.launches == 3
+    assert {v[0].rsplit(".", 1)[1] for v in cap.variants} == {
+        "moe_align_count_kernel", "moe_align_expert_scan_kernel", "moe_align_segment_scatter_kernel"}
+
+
+@pytest.mark.parametrize("num_tokens, num_experts, block_size", [(300, 60, 16), (1000, 8, 64), (300, 256, 16)])
+def test_expert_scan_over_several_steps_and_slices(monkeypatch, num_tokens, num_experts, block_size):
+    # Small scan steps and slices so that a test-sized input spans several steps of every scan
+    # program and a last expert slice that is partly empty (60 = 7 * 8 + 4 experts).
+    monkeypatch.setattr(align, "SCAN_TILES_PER_STEP", 2)
+    monkeypatch.setattr(align, "SCAN_EXPERTS", 8)
+    ids = random_ids(num_tokens, 6, num_experts, seed=num_experts, experts_used=range(1, num_experts, 3))
+    ids.view(-1)[::29] = -1
+    ids.view(-1)[5::41] = num_experts  # out of range: dropped
+    tiles = align._tiling(ids.numel(), num_experts)[2]
+    assert tiles > 2 * align.SCAN_TILES_PER_STEP
+    first = assert_align_matches(ids, num_experts, block_size, "expert_scan")
+    again = align.align_expert_scan(ids.reshape(-1), num_experts, block_size)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # deterministic: no atomics
 
 
 def test_int64_and_strided_ids():
@@ -149,7 +168,7 @@ def test_batch_size_only_picks_the_path(num_experts, top_k):
     edges = align.path_token_counts(top_k, num_experts, 16384)
     keys = traced_keys(num_experts, top_k, [*class_reps(1, 16384).values(), 17, 1000, 16384, *edges])
     paths = {align.align_path(t * top_k, num_experts) for t in (1, 16384, *edges)}
-    per_path = {"single": 1, "count_place": 2, "three_kernels": 3}
+    per_path = {"single": 1, "count_place": 2, "expert_scan": 3}
     assert len(keys) == sum(per_path[p] for p in paths)
 
 
@@ -175,7 +194,7 @@ def test_spec_file_covers_every_path():
 @pytest.mark.parametrize("num_experts, top_k, num_tokens, kernels", [
     (64, 6, 64, ["single"]),
     (64, 6, 1000, ["count", "place"]),
-    (256, 8, 8192, ["count", "scan", "scatter"]),
+    (256, 8, 8192, ["count", "expert_scan", "segment_scatter"]),
 ])
 def test_compiles(compile_call, target, num_experts, top_k, num_tokens, kernels):
     compiled = compile_call(target, moe_align_block_size, fake_tensor((num_tokens, top_k), torch.int32),
