@@ -32,7 +32,7 @@ class Variant:
     elements: int  # elements per program (GROUPS = elements // block)
     warps: int
     why: str
-    pairs: bool = False  # mxfp4 bf16: read element pairs as int32 (BF16_PAIRS), no tl.split packing
+    pairs: bool = False  # bf16: read element pairs as int32 (BF16_PAIRS), no tl.split packing
 
 
 VARIANTS = [
@@ -45,8 +45,8 @@ VARIANTS = [
     Variant("fast-2048x2", True, 2048, 2, "32 per thread, half the programs (half-masked last chunk at 7168)"),
     Variant("fast-4096x4", True, 4096, 4, "32 per thread, a quarter of the programs"),
     Variant("fast-512x2", True, 512, 2, "decode sizes: twice the programs of 1024"),
-    # mxfp4 only (bf16): sm90 SASS 25.5 -> 22.4 instructions per element at 1024x2, 22.1 -> 19.4 at 32 per thread
-    Variant("pairs-1024x2", True, 1024, 2, "int32 pair reads (shipped for bf16 mxfp4)", pairs=True),
+    # bf16, sm90 SASS per element at 1024x2: mxfp4 25.5 -> 22.4, nvfp4 37.1 -> 30.9 (bench/sass_count.py)
+    Variant("pairs-1024x2", True, 1024, 2, "int32 pair reads (shipped for bf16)", pairs=True),
     Variant("pairs-1024x1", True, 1024, 1, "int32 pair reads, 32 elements per thread", pairs=True),
     Variant("pairs-2048x2", True, 2048, 2, "int32 pair reads, 32 per thread, half the programs", pairs=True),
     Variant("pairs-4096x4", True, 4096, 4, "int32 pair reads, 32 per thread, a quarter of the programs", pairs=True),
@@ -65,8 +65,7 @@ def _launch(fmt: str, variant: Variant, x, global_scale, packed, scales):
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     args = (x, packed, scales) if fmt == "mxfp4" else (x, global_scale, packed, scales)
     constexprs = dict(GROUPS=groups, FAST_E2M1=variant.fast)
-    if fmt == "mxfp4":
-        constexprs["BF16_PAIRS"] = variant.pairs and L._bf16_pairs(x)
+    constexprs["BF16_PAIRS"] = variant.pairs and L._bf16_pairs(x)
     return Launch(grid=(x.shape[0], cdiv(n_groups, groups)), args=args + strides + (n_groups,),
                   constexprs=constexprs, num_warps=variant.warps)
 
@@ -159,8 +158,6 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                 print(f"{fmt} {rows}x{k}: reference failed: {_one_line(e)}")
                 ref = None
             for variant in VARIANTS:
-                if variant.pairs and fmt != "mxfp4":
-                    continue
                 case = {"op": f"{fmt}_quantize", "rows": rows, "k": k, "variant": variant.name, "fast": variant.fast,
                         "elements": variant.elements, "num_warps": variant.warps, "bytes": nbytes}
                 try:

@@ -87,8 +87,6 @@ def fp4_cases(k: int, include_variants: bool):
             import fp4_variants as V
 
             for variant in V.VARIANTS:
-                if variant.pairs and fmt != "mxfp4":
-                    continue
                 vl = V._launch(fmt, variant, x, gs, packed, scales)
                 cases.append((f"{fmt}_quantize {variant.name}", jit, vl, vl.constexprs["GROUPS"] * block))
     return cases

@@ -265,16 +265,26 @@ def nvfp4_quantize_kernel(
     n_groups,
     GROUPS: tl.constexpr,
     FAST_E2M1: tl.constexpr,
+    BF16_PAIRS: tl.constexpr = False,
 ):
-    # Same tiling as mxfp4_quantize_kernel, with blocks of 16.
+    # Same tiling as mxfp4_quantize_kernel, with blocks of 16; BF16_PAIRS as there (pairs read as int32).
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups
-    cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
-    x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+    pair_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
+    if BF16_PAIRS:
+        words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
+                        mask=group_ok[:, None], other=0)
+        low = (words << 16).to(tl.float32, bitcast=True)
+        high = (words & -65536).to(tl.float32, bitcast=True)
+        amax_bits = tl.max(tl.maximum(low.to(tl.int32, bitcast=True) & 0x7FFFFFFF,
+                                      high.to(tl.int32, bitcast=True) & 0x7FFFFFFF), axis=1)
+    else:
+        cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+        x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     global_scale = tl.load(global_scale_ptr)
 
-    amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     has_nan = amax_bits > 0x7F800000
     amax = amax_bits.to(tl.float32, bitcast=True)
     one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
@@ -287,11 +297,15 @@ def nvfp4_quantize_kernel(
     scale_is_nan = has_nan | (block_scale != block_scale)
     scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
     out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
-    codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
-    codes = tl.where(scale_is_nan[:, None], 0, codes)
-
-    packed_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(packed_ptr + row * packed_row_stride + packed_cols, _pack_pairs(codes, GROUPS, 16), mask=group_ok[:, None])
+    if BF16_PAIRS:
+        packed = (_e2m1_codes(low * out_scale[:, None], FAST_E2M1)
+                  | (_e2m1_codes(high * out_scale[:, None], FAST_E2M1) << 4))
+        packed = tl.where(scale_is_nan[:, None], 0, packed).to(tl.uint8)
+    else:
+        codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
+        codes = tl.where(scale_is_nan[:, None], 0, codes)
+        packed = _pack_pairs(codes, GROUPS, 16)
+    tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed, mask=group_ok[:, None])
     tl.store(scales_ptr + row * scales_row_stride + group, scale_code.to(tl.uint8), mask=group_ok)
 
 

@@ -26,9 +26,9 @@ _ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 1
 # of its instructions: the integer one made them issue bound, ~40 SASS instructions per element on
 # sm90) and run 2 warps per program: per-thread setup paid over 16 elements. H200, 4096x7168 bf16
 # (bench/fp4_variants.py): mxfp4 28 % -> 49 % of copy bandwidth, nvfp4 28 % -> 44 %; 1 warp is faster
-# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round. bf16 mxfp4 reads
-# element pairs as int32 (BF16_PAIRS): sm90 SASS 25.5 -> 22.4 instructions per element, offline
-# (bench/sass_count.py); not yet timed on a GPU.
+# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round. bf16 input reads
+# element pairs as int32 (BF16_PAIRS): sm90 SASS per element, offline (bench/sass_count.py), mxfp4
+# 25.5 -> 22.4, nvfp4 37.1 -> 30.9 (47 -> 32 registers); not yet timed on a GPU.
 _QUANTIZE_CONSTEXPRS = dict(FAST_E2M1=True)
 _QUANTIZE_WARPS = 2
 
@@ -69,7 +69,7 @@ def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
 def nvfp4_quantize_launch(x, global_scale, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
                         (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
-                        num_warps=_QUANTIZE_WARPS, **_QUANTIZE_CONSTEXPRS)
+                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), **_QUANTIZE_CONSTEXPRS)
 
 
 def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:
