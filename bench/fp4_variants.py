@@ -32,6 +32,7 @@ class Variant:
     elements: int  # elements per program (GROUPS = elements // block)
     warps: int
     why: str
+    pairs: bool = False  # bf16: read element pairs as int32 (BF16_PAIRS), no tl.split packing
 
 
 VARIANTS = [
@@ -44,12 +45,18 @@ VARIANTS = [
     Variant("fast-2048x2", True, 2048, 2, "32 per thread, half the programs (half-masked last chunk at 7168)"),
     Variant("fast-4096x4", True, 4096, 4, "32 per thread, a quarter of the programs"),
     Variant("fast-512x2", True, 512, 2, "decode sizes: twice the programs of 1024"),
+    # bf16, sm90 SASS per element at 1024x2: mxfp4 25.5 -> 22.4, nvfp4 37.1 -> 30.9 (bench/sass_count.py)
+    Variant("pairs-1024x2", True, 1024, 2, "int32 pair reads (shipped for bf16)", pairs=True),
+    Variant("pairs-1024x1", True, 1024, 1, "int32 pair reads, 32 elements per thread", pairs=True),
+    Variant("pairs-2048x2", True, 2048, 2, "int32 pair reads, 32 per thread, half the programs", pairs=True),
+    Variant("pairs-4096x4", True, 4096, 4, "int32 pair reads, 32 per thread, a quarter of the programs", pairs=True),
 ]
 
 
 def _launch(fmt: str, variant: Variant, x, global_scale, packed, scales):
     from tritonwarm.jit import Launch
     from tritonwarm.kernels.fp4 import MXFP4_BLOCK, NVFP4_BLOCK
+    from tritonwarm.launchers import fp4 as L
     from tritonwarm.launchers._host import cdiv, next_power_of_2
 
     block = MXFP4_BLOCK if fmt == "mxfp4" else NVFP4_BLOCK
@@ -57,8 +64,10 @@ def _launch(fmt: str, variant: Variant, x, global_scale, packed, scales):
     groups = min(max(variant.elements // block, 1), next_power_of_2(n_groups))
     strides = (x.stride(0), packed.stride(0), scales.stride(0))
     args = (x, packed, scales) if fmt == "mxfp4" else (x, global_scale, packed, scales)
+    constexprs = dict(GROUPS=groups, FAST_E2M1=variant.fast)
+    constexprs["BF16_PAIRS"] = variant.pairs and L._bf16_pairs(x)
     return Launch(grid=(x.shape[0], cdiv(n_groups, groups)), args=args + strides + (n_groups,),
-                  constexprs=dict(GROUPS=groups, FAST_E2M1=variant.fast), num_warps=variant.warps)
+                  constexprs=constexprs, num_warps=variant.warps)
 
 
 def _quantizer(fmt: str, variant: Variant, x, global_scale):

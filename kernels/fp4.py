@@ -170,18 +170,47 @@ def _interleave(low, high, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
 # --------------------------------------------------------------------------- MXFP4
 
 @triton.jit
+def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
+                               x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1: tl.constexpr):
+    """mxfp4_quantize_kernel for bf16 (4-byte aligned rows) reading each pair of elements as one int32:
+    the pair's two codes make the output byte in place, with no ``tl.split`` (which went through shared
+    memory), and widening bf16 is a shift / a mask. Same codes and scales."""
+    pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
+                    mask=group_ok[:, None], other=0)
+    low = words << 16  # element 2i's fp32 bits
+    high = words & -65536  # element 2i + 1's
+    amax_bits = tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
+    amax_exp = amax_bits >> 23
+    non_finite = amax_exp == 255
+    scale_byte = tl.maximum(amax_exp - 2, 0)
+    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
+    low_codes = _e2m1_codes(low.to(tl.float32, bitcast=True) * inv_scale, FAST_E2M1)
+    high_codes = _e2m1_codes(high.to(tl.float32, bitcast=True) * inv_scale, FAST_E2M1)
+    packed = tl.where(non_finite[:, None], 0, low_codes | (high_codes << 4))
+    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
+    tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])
+    tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
+
+
+@triton.jit
 def mxfp4_quantize_kernel(
     x_ptr, packed_ptr, scales_ptr,
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
     FAST_E2M1: tl.constexpr,
+    BF16_PAIRS: tl.constexpr = False,
 ):
     # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
     # (contiguous rows: wide loads).
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups
+    if BF16_PAIRS:
+        _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
+                                   x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1)
+        return
     cols = group[:, None] * 32 + tl.arange(0, 32)[None, :]
     x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
 
@@ -236,16 +265,26 @@ def nvfp4_quantize_kernel(
     n_groups,
     GROUPS: tl.constexpr,
     FAST_E2M1: tl.constexpr,
+    BF16_PAIRS: tl.constexpr = False,
 ):
-    # Same tiling as mxfp4_quantize_kernel, with blocks of 16.
+    # Same tiling as mxfp4_quantize_kernel, with blocks of 16; BF16_PAIRS as there (pairs read as int32).
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups
-    cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
-    x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+    pair_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
+    if BF16_PAIRS:
+        words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
+                        mask=group_ok[:, None], other=0)
+        low = (words << 16).to(tl.float32, bitcast=True)
+        high = (words & -65536).to(tl.float32, bitcast=True)
+        amax_bits = tl.max(tl.maximum(low.to(tl.int32, bitcast=True) & 0x7FFFFFFF,
+                                      high.to(tl.int32, bitcast=True) & 0x7FFFFFFF), axis=1)
+    else:
+        cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+        x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
+        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     global_scale = tl.load(global_scale_ptr)
 
-    amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
     has_nan = amax_bits > 0x7F800000
     amax = amax_bits.to(tl.float32, bitcast=True)
     one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
@@ -258,11 +297,15 @@ def nvfp4_quantize_kernel(
     scale_is_nan = has_nan | (block_scale != block_scale)
     scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
     out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
-    codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
-    codes = tl.where(scale_is_nan[:, None], 0, codes)
-
-    packed_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
-    tl.store(packed_ptr + row * packed_row_stride + packed_cols, _pack_pairs(codes, GROUPS, 16), mask=group_ok[:, None])
+    if BF16_PAIRS:
+        packed = (_e2m1_codes(low * out_scale[:, None], FAST_E2M1)
+                  | (_e2m1_codes(high * out_scale[:, None], FAST_E2M1) << 4))
+        packed = tl.where(scale_is_nan[:, None], 0, packed).to(tl.uint8)
+    else:
+        codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
+        codes = tl.where(scale_is_nan[:, None], 0, codes)
+        packed = _pack_pairs(codes, GROUPS, 16)
+    tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed, mask=group_ok[:, None])
     tl.store(scales_ptr + row * scales_row_stride + group, scale_code.to(tl.uint8), mask=group_ok)
 
 

@@ -26,7 +26,9 @@ _ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 1
 # of its instructions: the integer one made them issue bound, ~40 SASS instructions per element on
 # sm90) and run 2 warps per program: per-thread setup paid over 16 elements. H200, 4096x7168 bf16
 # (bench/fp4_variants.py): mxfp4 28 % -> 49 % of copy bandwidth, nvfp4 28 % -> 44 %; 1 warp is faster
-# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round.
+# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round. bf16 input reads
+# element pairs as int32 (BF16_PAIRS): sm90 SASS per element, offline (bench/sass_count.py), mxfp4
+# 25.5 -> 22.4, nvfp4 37.1 -> 30.9 (47 -> 32 registers); not yet timed on a GPU.
 _QUANTIZE_CONSTEXPRS = dict(FAST_E2M1=True)
 _QUANTIZE_WARPS = 2
 
@@ -46,10 +48,17 @@ def _grid_launch(n_rows: int, n_groups: int, block: int, args: tuple, num_warps:
                   constexprs=dict(GROUPS=groups, **constexprs), num_warps=num_warps)
 
 
+def _bf16_pairs(x) -> bool:
+    """Whether bf16 ``x`` can be read as int32 pairs: 16-byte aligned (what dispatch keys tell apart;
+    4 would do) with even row strides. Aligned rows are the one class the warm-up specs declare, so
+    this adds no binary; fp16 / fp32 and offset views keep the per-element kernel."""
+    return x.dtype == torch.bfloat16 and x.data_ptr() % 16 == 0 and (x.shape[0] <= 1 or x.stride(0) % 2 == 0)
+
+
 def mxfp4_quantize_launch(x, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // MXFP4_BLOCK, MXFP4_BLOCK,
                         (x, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
-                        num_warps=_QUANTIZE_WARPS, **_QUANTIZE_CONSTEXPRS)
+                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), **_QUANTIZE_CONSTEXPRS)
 
 
 def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
@@ -60,7 +69,7 @@ def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
 def nvfp4_quantize_launch(x, global_scale, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
                         (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
-                        num_warps=_QUANTIZE_WARPS, **_QUANTIZE_CONSTEXPRS)
+                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), **_QUANTIZE_CONSTEXPRS)
 
 
 def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:

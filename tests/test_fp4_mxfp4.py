@@ -258,3 +258,37 @@ def test_warmup_spec_rows_launch_one_variant_per_dtype():
                     assert len(variants) == 1
                     dequantize_keys |= {(dtype, v.key) for v in variants}
         assert len(quantize_keys) == 2 and len(dequantize_keys) == 2  # one per dtype
+
+
+@pytest.mark.parametrize("shift", [0, 7])
+def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_value(shift):
+    """The bf16 fast path (int32 pairs) against the per-element kernel, on every bf16 bit pattern
+    (NaN and inf blocks, subnormals, ties) in blocks mixed two ways."""
+    from tritonwarm.launchers.fp4 import mxfp4_quantize_jit, mxfp4_quantize_launch
+
+    bits = torch.arange(1 << 16, dtype=torch.int32).roll(shift * 4099).to(torch.int16)
+    x = bits.view(torch.bfloat16).reshape(64, 1024)
+    outs = []
+    for pairs in (False, True):
+        packed = torch.empty(64, 512, dtype=torch.uint8)
+        scales = torch.empty(64, 32, dtype=torch.uint8)
+        launch = mxfp4_quantize_launch(x, packed, scales)
+        assert launch.constexprs["BF16_PAIRS"] is True  # what an aligned bf16 input gets
+        launch.constexprs["BF16_PAIRS"] = pairs
+        mxfp4_quantize_jit.launch(launch)
+        outs.append((packed, scales))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def test_offset_and_other_dtype_views_keep_the_per_element_kernel():
+    from tritonwarm.launchers.fp4 import mxfp4_quantize_launch
+
+    def pairs(x):
+        out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=torch.uint8)
+        return mxfp4_quantize_launch(x, out, torch.empty(x.shape[0], x.shape[1] // 32, dtype=torch.uint8)
+                                     ).constexprs["BF16_PAIRS"]
+
+    base = torch.zeros(4 * 64 + 1, dtype=torch.bfloat16)
+    assert pairs(base[:256].view(4, 64)) and not pairs(base[1:].view(4, 64))
+    assert not pairs(torch.zeros(4, 64, dtype=torch.float16))
+    assert not pairs(torch.zeros(4, 97, dtype=torch.bfloat16)[:, :64])  # odd row stride

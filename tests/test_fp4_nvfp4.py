@@ -279,3 +279,25 @@ def test_warmup_spec_rows_launch_one_variant_per_dtype():
                 assert len(variants) == 1
                 dequantize_keys |= {(dtype, v.key) for v in variants}
     assert len(quantize_keys) == 2 and len(dequantize_keys) == 2  # one per dtype
+
+
+@pytest.mark.parametrize("shift", [0, 7])
+@pytest.mark.parametrize("global_scale", [1.0, 448 * 6 / 3e38, 2.0**40])
+def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_value(shift, global_scale):
+    """The bf16 fast path (int32 pairs) against the per-element kernel, on every bf16 bit pattern
+    (NaN and inf blocks, subnormals, ties), at global scales that reach both ends of E4M3."""
+    from tritonwarm.launchers.fp4 import nvfp4_quantize_jit, nvfp4_quantize_launch
+
+    bits = torch.arange(1 << 16, dtype=torch.int32).roll(shift * 4099).to(torch.int16)
+    x = bits.view(torch.bfloat16).reshape(64, 1024)
+    gs = torch.tensor(global_scale, dtype=torch.float32)
+    outs = []
+    for pairs in (False, True):
+        packed = torch.empty(64, 512, dtype=torch.uint8)
+        scales = torch.empty(64, 64, dtype=torch.uint8)
+        launch = nvfp4_quantize_launch(x, gs, packed, scales)
+        assert launch.constexprs["BF16_PAIRS"] is True  # what an aligned bf16 input gets
+        launch.constexprs["BF16_PAIRS"] = pairs
+        nvfp4_quantize_jit.launch(launch)
+        outs.append((packed, scales))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

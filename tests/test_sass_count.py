@@ -1,0 +1,47 @@
+"""bench/sass_count.py: the SASS counter, on a hand-written listing and on a kernel compiled offline."""
+
+import os
+import re
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+
+_LISTING = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                          /* 0x00000a00ff017b82 */
+                                                                                   /* 0x000fe20000000800 */
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;                /* 0x0000000402047981 */
+        /*0020*/               @!P0 BRA 0x60 ;                                     /* 0x0000000000007947 */
+        /*0030*/                   STG.E.64 desc[UR4][R2.64], R4 ;                 /* 0x0000000402007986 */
+        /*0040*/               @P1 STG.E.U8 desc[UR4][R6.64], R8 ;                 /* 0x0000000806007986 */
+        /*0050*/                   EXIT ;                                          /* 0x000000000000794d */
+        /*0060*/                   BRA 0x60;                                       /* 0x0000000000007947 */
+        /*0070*/                   NOP;                                            /* 0x0000000000007918 */
+"""
+
+
+def test_counts_a_listing_without_padding_or_the_trailing_self_branch():
+    import sass_count
+
+    counts = sass_count.count_sass(_LISTING)
+    # predicated instructions count, an inner branch counts, NOP padding and the final BRA do not
+    assert counts == {"instructions": 6, "loads": ["LDG.E.128"], "stores": ["STG.E.64", "STG.E.U8"],
+                      "ldg": 1, "stg": 2}
+
+
+@pytest.mark.slow
+def test_counts_the_shipped_mxfp4_quantize_for_sm90():
+    import sass_count
+    from tritonwarm.jit.resources import cuobjdump
+
+    if cuobjdump() is None:
+        pytest.skip("this Triton ships no cuobjdump")
+    name, jit, launch, elements = sass_count.fp4_cases(2048, include_variants=False)[0]
+    sass, usage = sass_count.compile_sass(jit, launch, "sm90")
+    counts = sass_count.count_sass(sass)
+    addressed = len(re.findall(r"/\*[0-9a-f]{4}\*/", sass))
+    assert 0 < counts["instructions"] < addressed and "EXIT" in sass
+    assert counts["ldg"] >= 1 and all(op.startswith("LDG") for op in counts["loads"])
+    assert counts["stg"] >= 2 and "STG.E.U8" in counts["stores"]  # one scale byte per block of 32
+    assert usage is not None and usage["local"] == 0
