@@ -39,6 +39,7 @@ from .mla_metadata import SCHEDULE_WIDTH, mla_decode_metadata
 # count it leads to is a runtime int that only sizes grids, so it never changes a binary.
 NOMINAL_SM_COUNT = 16
 MIN_BLOCK = 16  # tl.dot needs every tile dim >= 16
+COMBINE_SPLITS = 16  # splits the combine kernel merges per step (one [16, value dim] fp32 tile)
 
 
 def _head_tile(heads_per_kv: int) -> int:
@@ -186,13 +187,14 @@ def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, 
     if batch == 0:
         return None
     block_dv = max(MIN_BLOCK, next_power_of_2(value_dim))
-    # The batch only sizes the grid: one binary per model geometry and dtype.
+    # The batch only sizes the grid: one binary per model geometry and dtype. COMBINE_SPLITS splits
+    # per step: the grid kernel at batch 1 gives each request a hundred or more.
     return Launch(
         grid=(batch, num_heads),
         args=(partial_out, partial_lse, num_splits, out,
               partial_out.stride(0), partial_out.stride(1), partial_lse.stride(0),
               out.stride(0), out.stride(1)),
-        constexprs=dict(VALUE_DIM=value_dim, BLOCK_DV=block_dv),
+        constexprs=dict(VALUE_DIM=value_dim, BLOCK_DV=block_dv, BLOCK_S=COMBINE_SPLITS),
         num_warps=4 if block_dv >= 512 else 2,
     )
 

@@ -205,6 +205,15 @@ def test_grid_kernel_with_empty_splits(splits):
     run_split_variant(MLA, 4, [100, 5], torch.bfloat16, 14, grid_splits=splits, BLOCK_N=16, VALUE_IS_KEY=True)
 
 
+def test_combine_merges_more_splits_than_one_step():
+    # 40 splits per request: three combine steps of COMBINE_SPLITS, the last one partly past the
+    # request's range; 330 tokens fill 21 of them (one 16-token tile each), 3 tokens fill one.
+    from tritonwarm.launchers.paged_attention import COMBINE_SPLITS
+
+    assert 40 > 2 * COMBINE_SPLITS
+    run_split_variant(GQA, 4, [330, 3], torch.float32, 21, grid_splits=40, BLOCK_N=16)
+
+
 def test_empty_splits_leave_their_partial_rows_unwritten_and_unread():
     """Partial rows start as NaN. The grid kernel leaves those of empty splits alone (still NaN after
     it ran), and the combine never lets them into the output (finite and equal to the reference)."""
@@ -332,14 +341,15 @@ def test_compiles_real_geometry(compile_call, target, name):
     split, binary = compiled[split_name]
     assert binary.metadata.shared <= SHARED_MEMORY_LIMIT[target]
     if target == "sm90":
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = pathlib.Path(tmp) / "split.cubin"
-            cubin.write_bytes(binary.asm["cubin"])
-            usage = resource_usage(TARGETS[target], {cubin.name: str(cubin)})
-        if usage is not None:  # cuobjdump ships with Triton's NVIDIA backend
-            # No spills. The MLA settings measured fastest on an H200 (3 stages, the key tile as
-            # value) keep at most a 16-byte stack frame; anything larger means the settings changed.
-            assert usage["local"] == 0 and usage["stack"] <= 16, usage
+        for kernel_name in (split_name, "paged_decode_attention_combine_kernel"):
+            with tempfile.TemporaryDirectory() as tmp:
+                cubin = pathlib.Path(tmp) / "kernel.cubin"
+                cubin.write_bytes(compiled[kernel_name][1].asm["cubin"])
+                usage = resource_usage(TARGETS[target], {cubin.name: str(cubin)})
+            if usage is not None:  # cuobjdump ships with Triton's NVIDIA backend
+                # No spills. The MLA settings measured fastest on an H200 (3 stages, the key tile as
+                # value) keep at most a 16-byte stack frame; anything larger means the settings changed.
+                assert usage["local"] == 0 and usage["stack"] <= 16, (kernel_name, usage)
 
 
 def test_batch_size_never_changes_a_binary():
