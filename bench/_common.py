@@ -20,6 +20,12 @@ def tritonwarm(*args: str, env: dict | None = None) -> tuple[float, dict | None]
     return wall, (json.loads(proc.stdout) if "--json" in args else None)
 
 
+def one_line(e: BaseException, limit: int = 160) -> str:
+    """An exception as one table cell or log line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {(text[0] if text else '')[:limit]}"
+
+
 def table(title: str, header: list[str], rows: list[list], command: str) -> None:
     cells = [header] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]

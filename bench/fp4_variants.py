@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import one_line, table  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,8 @@ def _mismatch(fmt, x, global_scale, out, ref) -> str:
                  if torch.equal(o[0][:n].cpu(), cpu[0]) and torch.equal(o[1][:n].cpu(), cpu[1])]
         parts.append(f"on the first {n} rows the CPU reference agrees with: {' and '.join(agree) or 'neither'}")
     except Exception as e:  # noqa: BLE001
-        parts.append(f"CPU reference failed: {_one_line(e)}")
+        parts.append(f"CPU reference failed: {one_line(e)}")
     return "; ".join(parts)
-
-
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
 
 
 def _time_into(case: dict, fn, nbytes: int, copy_gbs: float) -> None:
@@ -155,7 +151,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
             try:
                 ref = _reference(fmt, x, global_scale)
             except Exception as e:  # noqa: BLE001 - one line, go on
-                print(f"{fmt} {rows}x{k}: reference failed: {_one_line(e)}")
+                print(f"{fmt} {rows}x{k}: reference failed: {one_line(e)}")
                 ref = None
             for variant in VARIANTS:
                 case = {"op": f"{fmt}_quantize", "rows": rows, "k": k, "variant": variant.name, "fast": variant.fast,
@@ -176,7 +172,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                         if timed:
                             _time_into(case, fn, nbytes, copy_gbs)
                 except Exception as e:  # noqa: BLE001 - one line, go on
-                    case["status"] = f"failed: {_one_line(e)}"
+                    case["status"] = f"failed: {one_line(e)}"
                     print(f"{fmt} {rows}x{k} {variant.name}: {case['status']}")
                 results["cases"].append(case)
             # dequantize as shipped, for reference (its bytes: packed + scales in, bf16 out)
@@ -193,7 +189,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                 if timed:
                     _time_into(case, fn, nbytes, copy_gbs)
             except Exception as e:  # noqa: BLE001 - one line, go on
-                case["status"] = f"failed: {_one_line(e)}"
+                case["status"] = f"failed: {one_line(e)}"
                 print(f"{fmt} dequantize {rows}x{k}: {case['status']}")
             results["cases"].append(case)
     return results

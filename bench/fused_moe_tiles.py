@@ -33,7 +33,7 @@ from dataclasses import asdict
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import save_json, table  # noqa: E402
+from _common import one_line, save_json, table  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 64, 2048, 1408, 6
 TOKENS = (1, 16, 64, 256, 1024, 4096)
@@ -193,7 +193,7 @@ def _compile_worker(jobs: list[tuple[str, tuple]]) -> list[str]:
             layer.call(h, tw, ids, _table(1, config))
             torch.cuda.synchronize()
         except Exception as e:  # reported by the timing pass too; one line here
-            failures.append(f"{fmt} {fields}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+            failures.append(f"{fmt} {fields}: {one_line(e)}")
     return failures
 
 
@@ -322,7 +322,7 @@ def run_gpu(args) -> dict:
                         rec["of_copy"] = rec["gbs"] / copy_gbs
                         rec["tflops"] = flops / rec["graph_ms"] / 1e9
                 except Exception as e:
-                    rec["status"] = f"FAILED {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    rec["status"] = f"FAILED {one_line(e)}"
                     print(f"M={m} {fmt} {name}: {rec['status']}")
                 results.append(rec)
             ok = [r for r in results if r["M"] == m and r["format"] == fmt and r["status"] == "ok"]

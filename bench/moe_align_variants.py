@@ -37,7 +37,7 @@ from collections.abc import Callable
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import one_line, table  # noqa: E402
 from tritonwarm.kernels.moe_align import moe_align_block_size_reference  # noqa: E402
 from tritonwarm.launchers import moe_align as ma  # noqa: E402
 
@@ -120,11 +120,6 @@ def stages(name: str, flat: torch.Tensor, num_experts: int, bs: int) -> dict[str
 
 def agrees(got, want) -> bool:
     return all(g.dtype == torch.int32 and torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want, strict=True))
-
-
-def one_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {(text[0] if text else '')[:160]}"
 
 
 def run_on_cpu(json_path: str | None) -> None:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import table  # noqa: E402
+from _common import one_line, table  # noqa: E402
 
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
@@ -44,15 +43,12 @@ def count_sass(sass: str) -> dict:
 def compile_sass(jit_kernel, launch, target_name: str = "sm90") -> tuple[str, dict | None]:
     """(SASS text, resource usage) of ``launch`` compiled for ``target_name`` into a scratch cache."""
     from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.resources import cuobjdump, resource_usage
+    from tritonwarm.jit.resources import resource_usage, sass
     from tritonwarm.jit.targets import resolve_target, target_driver
 
     target = resolve_target(target_name)
     if not target.is_nvidia:
         raise ValueError(f"--target {target_name}: SASS needs an NVIDIA target")
-    tool = cuobjdump()
-    if tool is None:
-        raise LookupError("cuobjdump is not shipped with this Triton: no SASS")
     with tempfile.TemporaryDirectory() as cache, target_driver(target) as fake, triton_cache_dir(cache):
         try:
             compiled = jit_kernel.fake_run(launch)
@@ -60,10 +56,7 @@ def compile_sass(jit_kernel, launch, target_name: str = "sm90") -> tuple[str, di
             jit_kernel.jit_function.device_caches.pop(fake.device, None)
         cubin = Path(cache) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True,
-                              timeout=120, check=True).stdout
-        usage = resource_usage(target, {"k.cubin": str(cubin)})
-    return sass, usage
+        return sass(cubin), resource_usage(target, {"k.cubin": str(cubin)})
 
 
 def fp4_cases(k: int, include_variants: bool):
@@ -98,7 +91,7 @@ def rows_for(cases, target: str) -> list[list]:
         try:
             sass, usage = compile_sass(jit, launch, target)
         except Exception as e:  # noqa: BLE001 - one line, go on
-            rows.append([name, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"])
+            rows.append([name, f"failed: {one_line(e, 80)}"])
             continue
         c = count_sass(sass)
         usage = usage or {}
