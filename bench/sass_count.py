@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import one_line, table  # noqa: E402
 
+HEADER = ["kernel", "instr", "warps", "elem/thread", "instr/elem", "loads", "stores", "regs", "spill B"]
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
@@ -91,7 +92,7 @@ def rows_for(cases, target: str) -> list[list]:
         try:
             sass, usage = compile_sass(jit, launch, target)
         except Exception as e:  # noqa: BLE001 - one line, go on
-            rows.append([name, f"failed: {one_line(e, 80)}"])
+            rows.append([name, f"failed: {one_line(e, 80)}", *["-"] * (len(HEADER) - 2)])
             continue
         c = count_sass(sass)
         usage = usage or {}
@@ -111,11 +112,17 @@ def main() -> None:
     p.add_argument("--k", type=int, default=7168)
     p.add_argument("--variants", action="store_true", help="also every variant of bench/fp4_variants.py")
     args = p.parse_args()
+    from tritonwarm.jit.targets import resolve_target
+
+    try:
+        if not resolve_target(args.target).is_nvidia:
+            raise ValueError("SASS needs an NVIDIA target")
+    except ValueError as e:
+        p.error(f"--target {args.target}: {e}")
     rows = rows_for(fp4_cases(args.k, args.variants), args.target)
     command = "python bench/sass_count.py" + (" --variants" if args.variants else "") + f" --target {args.target}"
     table(f"SASS per element, fp4 quantize 4096x{args.k} bf16 ({args.target}, Triton {triton.__version__}, offline)",
-          ["kernel", "instr", "warps", "elem/thread", "instr/elem", "loads", "stores", "regs", "spill B"],
-          rows, command)
+          HEADER, rows, command)
 
 
 if __name__ == "__main__":

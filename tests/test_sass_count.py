@@ -45,3 +45,20 @@ def test_counts_the_shipped_mxfp4_quantize_for_sm90():
     assert counts["ldg"] >= 1 and all(op.startswith("LDG") for op in counts["loads"])
     assert counts["stg"] >= 2 and "STG.E.U8" in counts["stores"]  # one scale byte per block of 32
     assert usage is not None and usage["local"] == 0
+
+
+def test_a_case_that_fails_to_compile_is_a_full_width_row(capsys):
+    import sass_count
+    from _common import table
+
+    class Broken:
+        def fake_run(self, launch):
+            raise RuntimeError("no such kernel\nsecond line")
+
+        class jit_function:  # noqa: N801 - stands in for the JITFunction attribute
+            device_caches: dict = {}
+
+    rows = sass_count.rows_for([("broken", Broken(), None, 16)], "sm90")
+    assert rows == [["broken", "failed: RuntimeError: no such kernel", *["-"] * (len(sass_count.HEADER) - 2)]]
+    table("t", sass_count.HEADER, rows, "cmd")  # the table takes it
+    assert "no such kernel" in capsys.readouterr().out
