@@ -170,17 +170,24 @@ def _interleave(low, high, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
 # --------------------------------------------------------------------------- MXFP4
 
 @triton.jit
-def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
-                               x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1: tl.constexpr):
-    """mxfp4_quantize_kernel for bf16 (4-byte aligned rows) reading each pair of elements as one int32:
-    the pair's two codes make the output byte in place, with no ``tl.split`` (which went through shared
-    memory), and widening bf16 is a shift / a mask. Same codes and scales."""
-    pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+def _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok):
+    """A [groups, pairs] tile of bf16 element pairs (4-byte aligned rows) read as int32: the fp32 bits
+    of the even and the odd elements (widening bf16 is a shift / a mask) and each block's |max| bits.
+    The pair's two codes then make the output byte in place, with no ``tl.split`` (which went through
+    shared memory)."""
     words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
                     mask=group_ok[:, None], other=0)
     low = words << 16  # element 2i's fp32 bits
     high = words & -65536  # element 2i + 1's
-    amax_bits = tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
+    return low, high, tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
+
+
+@triton.jit
+def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
+                               x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1: tl.constexpr):
+    """mxfp4_quantize_kernel for bf16 read as element pairs (``_load_bf16_pairs``). Same codes and scales."""
+    pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    low, high, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
     amax_exp = amax_bits >> 23
     non_finite = amax_exp == 255
     scale_byte = tl.maximum(amax_exp - 2, 0)
@@ -273,12 +280,9 @@ def nvfp4_quantize_kernel(
     group_ok = group < n_groups
     pair_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
     if BF16_PAIRS:
-        words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
-                        mask=group_ok[:, None], other=0)
-        low = (words << 16).to(tl.float32, bitcast=True)
-        high = (words & -65536).to(tl.float32, bitcast=True)
-        amax_bits = tl.max(tl.maximum(low.to(tl.int32, bitcast=True) & 0x7FFFFFFF,
-                                      high.to(tl.int32, bitcast=True) & 0x7FFFFFFF), axis=1)
+        low_bits, high_bits, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
+        low = low_bits.to(tl.float32, bitcast=True)
+        high = high_bits.to(tl.float32, bitcast=True)
     else:
         cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
         x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
