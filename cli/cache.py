@@ -76,8 +76,8 @@ def cmd_list(args) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
-    if any(not r.get("resources") and r["target"].startswith("gfx") for r in rows):
-        print("-: REGS, SPILL and SHARED are read from NVIDIA cubins with the cuobjdump Triton ships; "
+    if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
+        print("-: REGS and SPILL are read from NVIDIA cubins with the cuobjdump Triton ships; "
               "Triton ships no such tool for AMD hsaco, so AMD targets show none")
     return 0
 

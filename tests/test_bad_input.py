@@ -465,8 +465,10 @@ def test_list_says_why_amd_targets_have_no_register_figures(tmp_path, capsys):
     from tritonwarm.jit.cache import Manifest
 
     entry = {"id": "abc", "target": "gfx942", "kernel": "k.rms_norm_kernel", "num_warps": 4, "num_stages": 2,
-             "args": {"n": "i32"}, "resources": None, "cache_hash": "ab" * 32}
+             "args": {"n": "i32"}, "resources": {"shared": 16384}, "cache_hash": "ab" * 32}
     Manifest(tmp_path, "gfx942").update({"ab" * 32: entry})
     rc, out, err = run(capsys, "list", "--cache-dir", tmp_path)
     assert rc == 0, err
-    assert out.strip().splitlines()[-1].startswith("-: REGS, SPILL and SHARED are read from NVIDIA cubins"), out
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("-: REGS and SPILL are read from NVIDIA cubins"), out
+    assert lines[1].split()[5:8] == ["-", "-", "16384"], out  # shared memory is Triton's own figure
