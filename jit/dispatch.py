@@ -24,6 +24,31 @@ _MISSING = object()
 MEMO_ENTRIES = 4096  # bound launches kept per kernel
 
 
+_DEVICE_QUERIES: dict = {}  # driver -> its current-device query, resolved once
+
+
+def _resolve_device_query(active) -> Any:
+    """``active.get_current_device`` minus the Python layers where it is torch's own query.
+
+    Triton 3.6's CUDA and HIP drivers answer with ``torch.cuda.current_device``, which is Python
+    (lazy init, then ``torch._C._cuda_getDevice``); that C function does the lazy init itself (bad
+    fork check included), so calling it directly is the same answer without the Python. Triton 3.9
+    answers with its own C function already.
+    """
+    query = active.get_current_device
+    if query is getattr(torch.cuda, "current_device", None) and hasattr(torch._C, "_cuda_getDevice"):
+        query = torch._C._cuda_getDevice
+    if len(_DEVICE_QUERIES) >= 16:  # warm-up swaps in a target-only driver per target: stay bounded
+        _DEVICE_QUERIES.clear()
+    _DEVICE_QUERIES[active] = query
+    return query
+
+
+def current_device(active) -> Any:
+    """The current device as ``active`` (Triton's active driver) names it: what every launch keys on."""
+    return (_DEVICE_QUERIES.get(active) or _resolve_device_query(active))()
+
+
 def _classifier(types: tuple, flags: list, hip: bool = False) -> Any:
     """Straight-line code computing the specialization of arguments of these exact types.
 
@@ -85,7 +110,7 @@ class FastDispatch:
     def launch(self, launch):
         """Launch directly when possible; otherwise through ``JITFunction.run`` (and remember)."""
         active = driver.active
-        device = active.get_current_device()
+        device = current_device(active)
         hooks = knobs.runtime.launch_enter_hook
         signature = None
         if self.enabled and not getattr(hooks, "calls", hooks):
@@ -110,25 +135,32 @@ class FastDispatch:
 
     def chosen_kernel(self, launch):
         """The kernel the fast path would launch for ``launch`` (None: it would defer to Triton)."""
-        device = driver.active.get_current_device()
+        device = current_device(driver.active)
         signature = self.signature(launch, device)
         entry = self.cache.get((device, signature)) if signature else None
         return entry[0] if entry else None
 
 
 def _input_keyer(types: tuple, hip: bool = False) -> Any:
-    """Straight-line code computing everything a memoizable launch spec may read from its inputs.
+    """Straight-line code computing the memo key of inputs of these exact types on a device.
 
-    A tensor contributes its dtype, shape, strides, whether it is on the CPU (the interpreter's
-    cue), its 16-byte alignment and, on HIP, its buffer-ops storage class; a scalar its exact value.
-    That covers Triton's specialization of the tensors themselves, and every launch argument the spec
-    derives from them is fixed by the key. Returns None for an input type not handled here.
+    The key holds the device, the input types and everything a memoizable launch spec may read from
+    its inputs: a tensor's dtype, shape, strides, 16-byte alignment and, on HIP, its buffer-ops
+    storage class; a scalar's exact value (the types tell ``1`` from ``1.0`` and ``True``). That
+    covers Triton's specialization of the tensors themselves, and every launch argument the spec
+    derives from them is fixed by the key. Whether the first tensor is on the CPU is in the key too:
+    it sends a launch to the interpreter (``_wants_interpreter``). Returns None for an input type
+    not handled here.
     """
     terms = []
+    first_tensor = True
     for i, kind in enumerate(types):
         a = f"a[{i}]"
         if issubclass(kind, torch.Tensor):
-            terms += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.is_cpu", f"{a}.data_ptr() & 15"]
+            terms += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.data_ptr() & 15"]
+            if first_tensor:
+                terms.append(f"{a}.is_cpu")
+                first_tensor = False
             if hip:
                 terms.append(f"{a}.untyped_storage().size() <= {_I32_MAX}")
         elif kind in (int, float, bool, str, type(None)):
@@ -136,7 +168,8 @@ def _input_keyer(types: tuple, hip: bool = False) -> Any:
         else:
             return None
     namespace: dict = {}
-    exec(f"def key(a):\n    return ({', '.join(terms)}{',' if terms else ''})", namespace)  # noqa: S102
+    exec(f"def key(a, device, types):\n    return (device, types, {''.join(t + ', ' for t in terms)})",  # noqa: S102
+         namespace)
     return namespace["key"]
 
 
@@ -158,14 +191,14 @@ class LaunchMemo:
         self.replays: dict[tuple, Any] = {}
 
     def key(self, inputs: tuple, device) -> Any:
-        hip = self.fast.hip_devices.get(device)
-        if hip is None:
-            hip = self.fast.hip_devices[device] = driver.active.get_current_target().backend == "hip"
         types = tuple(map(type, inputs))
-        keyer = self.keyers.get((types, hip), _MISSING)
+        keyer = self.keyers.get((types, device), _MISSING)
         if keyer is _MISSING:
-            keyer = self.keyers[(types, hip)] = _input_keyer(types, hip)
-        return None if keyer is None else (device, types, keyer(inputs))
+            hip = self.fast.hip_devices.get(device)
+            if hip is None:
+                hip = self.fast.hip_devices[device] = driver.active.get_current_target().backend == "hip"
+            keyer = self.keyers[(types, device)] = _input_keyer(types, hip)
+        return None if keyer is None else keyer(inputs, device, types)
 
     def remember(self, key, inputs: tuple, launch) -> None:
         """After ``launch`` went through the fast path: bind it to ``key`` if it can be replayed."""

@@ -26,7 +26,7 @@ from triton import knobs
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from .dispatch import FastDispatch, LaunchMemo
+from .dispatch import FastDispatch, LaunchMemo, current_device
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
 
@@ -192,7 +192,7 @@ class JitKernel:
         memo = self.memo
         try:
             active = driver.active
-            device = active.get_current_device()
+            device = current_device(active)
             key = memo.key(inputs, device)
             replay = memo.entries.get(key) if key is not None else None
         except (RuntimeError, TypeError):  # no driver here (CPU tensors: the interpreter); an unhashable input

@@ -36,31 +36,34 @@ def rms_norm_launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, ep
 rms_norm_jit = JitKernel(rms_norm_kernel, rms_norm_launch, memoize=True)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
-    """RMSNorm over the last dim with fp32 accumulation; with ``residual``, fused add (in place)."""
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
+    """The normed tensor; ``residual``, if given, is updated in place. This is the custom op's kernel
+    itself (an op may not return its own input), so the op's path has no wrapper frame."""
     # Decode calls this per layer per step: no reshape, copy or view that a 2-D input does not need.
     two_d = x.dim() == 2
     x2 = x if two_d else x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     out = torch.empty_like(x2)  # x2's layout where it is dense, else contiguous: either is a valid output
-    if residual is not None:
+    if residual is None:
+        rms_norm_jit(x2, weight, out, eps)
+    else:
         res2 = residual if residual.dim() == 2 else residual.view(-1, x.shape[-1])
         if res2.stride(-1) != 1:
             raise ValueError("residual must have a unit stride along the hidden dim (it is updated in place)")
         rms_norm_jit(x2, weight, out, eps, res2)
-        return (out if two_d else out.view(x.shape)), residual
-    rms_norm_jit(x2, weight, out, eps)
     return out if two_d else out.view(x.shape)
 
 
-@custom_op("tritonwarm::rms_norm", mutates_args=("residual",))
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
-    """The custom op returns only the normed tensor: ``residual`` is updated in place (an op may
-    not return its own input)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim with fp32 accumulation; with ``residual``, fused add (in place)
+    and ``(normed, residual)`` returned."""
     if residual is None:
-        return rms_norm(x, weight, eps)
-    return rms_norm(x, weight, eps, residual)[0]
+        return _rms_norm(x, weight, eps, None)
+    return _rms_norm(x, weight, eps, residual), residual
+
+
+_rms_norm_op = custom_op("tritonwarm::rms_norm", mutates_args=("residual",))(_rms_norm)
 
 
 @_rms_norm_op.register_fake

@@ -201,10 +201,38 @@ def test_memo_keys_every_input_a_spec_may_read():
     from tritonwarm.jit.dispatch import _input_keyer
 
     x = torch.randn(4, 64)
-    key = _input_keyer((torch.Tensor, float, type(None)))
-    base = key((x, 1e-6, None))
-    assert key((x.clone(), 1e-6, None)) == base  # same metadata: same key
-    for other in (x.double(), x[:2], x.t(), torch.randn(4 * 64 + 1)[1:].view(4, 64)):
-        assert key((other, 1e-6, None)) != base  # dtype, shape, strides, alignment
-    assert key((x, 1e-5, None)) != base
+    types = (torch.Tensor, float, type(None))
+    key = _input_keyer(types)
+    base = key((x, 1e-6, None), 0, types)
+    assert key((x.clone(), 1e-6, None), 0, types) == base  # same metadata: same key
+    for other in (x.double(), x[:2], x.t(), torch.randn(4 * 64 + 1)[1:].view(4, 64), x.to("meta")):
+        assert key((other, 1e-6, None), 0, types) != base  # dtype, shape, strides, alignment, CPU or not
+    assert key((x, 1e-5, None), 0, types) != base
+    assert key((x, 1e-6, None), 1, types) != base  # another device
+    # 1 == 1.0 == True: the input types tell them apart
+    ints, floats = (torch.Tensor, int), (torch.Tensor, float)
+    assert _input_keyer(ints)((x, 1), 0, ints) != _input_keyer(floats)((x, 1.0), 0, floats)
     assert _input_keyer((torch.Tensor, list)) is None  # not keyed: the plain path
+
+
+def test_device_query_skips_torchs_python_layers(monkeypatch):
+    """Triton 3.6's drivers answer ``torch.cuda.current_device`` (Python around one C call that lazy-inits
+    itself); a launch asks the C call directly. Any other driver query is used as it is."""
+    from tritonwarm.jit import dispatch
+
+    def c_query():
+        return 3
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", c_query, raising=False)
+    monkeypatch.setattr(dispatch, "_DEVICE_QUERIES", {})
+
+    class Triton36Driver:
+        get_current_device = staticmethod(torch.cuda.current_device)
+
+    class OwnQueryDriver:
+        @staticmethod
+        def get_current_device():
+            return 5
+
+    assert dispatch.current_device(Triton36Driver()) == 3
+    assert dispatch.current_device(OwnQueryDriver()) == 5
