@@ -9,6 +9,13 @@ Columns: instructions in the whole kernel (NOPs and the trailing BRA-to-self exc
 kernel has no loop, so this is what every thread issues), elements per thread, their ratio
 (instructions a thread issues per element it handles),
 widths of global loads / stores (LDG.E.128 = 16 bytes per thread), registers and spill (local) bytes.
+
+    python bench/sass_count.py --attention [--target sm90]
+
+The paged decode attention split kernels as the declared settings of the target compile them
+(DeepSeek-V2-Lite MLA on 64-token pages, Llama-8B GQA on 16-token pages): the token loop's
+instructions per iteration (one BLOCK_N tile, per warp), warp-instructions per token of the tile, its
+global loads (LDG, and LDGSTS: cp.async into shared memory), MMAs, registers and spills.
 """
 
 from __future__ import annotations
@@ -86,6 +93,60 @@ def fp4_cases(k: int, include_variants: bool):
     return cases
 
 
+ATTENTION_HEADER = ["kernel", "geometry", "BLOCK_N", "warps", "stages", "loop instr", "warp-instr/token",
+                    "loop LDG", "loop LDGSTS", "loop MMA", "regs", "spill B"]
+
+
+def token_loop(sass: str) -> list[str]:
+    """The opcodes of the innermost loop: the body of the last backward branch (the token loop of a
+    split kernel; its prologue and epilogue run once)."""
+    code = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in re.finditer(
+        r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)", sass)]
+    loops = [(int(t.group(1), 16), at) for at, op, rest in code if op == "BRA"
+             and (t := re.search(r"0x([0-9a-f]+)", rest)) and int(t.group(1), 16) < at]
+    if not loops:
+        return []
+    start, end = loops[-1]
+    return [op for at, op, _ in code if start <= at <= end]
+
+
+def attention_rows(target_name: str) -> list[list]:
+    """One row per split kernel the declared ``target_name`` settings launch for the two geometries."""
+    import torch
+    from tritonwarm.jit import fake_tensor, trace_call
+    from tritonwarm.jit.compile import compile_variant
+    from tritonwarm.jit.resources import resource_usage, sass
+    from tritonwarm.jit.targets import resolve_target
+    from tritonwarm.launchers import KVCacheLayout, paged_decode_attention
+
+    target = resolve_target(target_name)
+    geometries = [("MLA 16 heads, 576/512, 64-token pages", KVCacheLayout.mla(4096, 64, 512, 64), 16, 512),
+                  ("GQA 32/8 x 128, 16-token pages", KVCacheLayout.gqa(4096, 16, 8, 128), 32, None)]
+    rows = []
+    for name, layout, heads, v_dim in geometries:
+        batch, bf16 = 64, torch.bfloat16
+        args = (fake_tensor((batch, heads, layout.key_dim), bf16), fake_tensor(layout.shape, bf16),
+                fake_tensor((batch, 2048), torch.int32), fake_tensor((batch,), torch.int32), 0.08, None, v_dim)
+        try:
+            split = [v for v in trace_call(target, paged_decode_attention, *args) if "split" in v.kernel]
+            with tempfile.TemporaryDirectory() as cache:
+                for variant in split:
+                    compiled = compile_variant(variant, target, cache)
+                    cubin = Path(cache) / "k.cubin"
+                    cubin.write_bytes(compiled.asm["cubin"])
+                    loop, usage = token_loop(sass(cubin)), resource_usage(target, {"k.cubin": str(cubin)}) or {}
+                    block_n, warps = int(variant.args["BLOCK_N"].lstrip("=")), variant.num_warps
+                    rows.append([variant.kernel.rsplit(".", 1)[1], name, block_n, warps, variant.num_stages,
+                                 len(loop), f"{len(loop) * warps / block_n:.1f}",
+                                 sum(op.startswith("LDG") and not op.startswith(("LDGSTS", "LDGDEPBAR"))
+                                     for op in loop),
+                                 sum(op.startswith("LDGSTS") for op in loop), sum("MMA" in op for op in loop),
+                                 usage.get("registers", "-"), usage.get("local", "-")])
+        except Exception as e:  # noqa: BLE001 - one line, go on
+            rows.append(["-", name, f"failed: {one_line(e, 80)}", *["-"] * (len(ATTENTION_HEADER) - 3)])
+    return rows
+
+
 def rows_for(cases, target: str) -> list[list]:
     rows = []
     for name, jit, launch, elements in cases:
@@ -111,6 +172,8 @@ def main() -> None:
     p.add_argument("--target", default="sm90")
     p.add_argument("--k", type=int, default=7168)
     p.add_argument("--variants", action="store_true", help="also every variant of bench/fp4_variants.py")
+    p.add_argument("--attention", action="store_true",
+                   help="the paged decode attention split kernels' token loop instead of fp4 quantize")
     args = p.parse_args()
     from tritonwarm.jit.targets import resolve_target
 
@@ -119,6 +182,11 @@ def main() -> None:
             raise ValueError("SASS needs an NVIDIA target")
     except ValueError as e:
         p.error(f"--target {args.target}: {e}")
+    if args.attention:
+        table(f"SASS of the paged decode attention token loop ({args.target}, Triton {triton.__version__}, "
+              "declared settings, offline)", ATTENTION_HEADER, attention_rows(args.target),
+              f"python bench/sass_count.py --attention --target {args.target}")
+        return
     rows = rows_for(fp4_cases(args.k, args.variants), args.target)
     command = "python bench/sass_count.py" + (" --variants" if args.variants else "") + f" --target {args.target}"
     table(f"SASS per element, fp4 quantize 4096x{args.k} bf16 ({args.target}, Triton {triton.__version__}, offline)",

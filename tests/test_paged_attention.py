@@ -206,6 +206,20 @@ def test_grid_kernel_with_empty_splits(splits):
     run_split_variant(MLA, 4, [100, 5], torch.bfloat16, 14, grid_splits=splits, BLOCK_N=16, VALUE_IS_KEY=True)
 
 
+@pytest.mark.parametrize("table_ahead", [False, True])
+@pytest.mark.parametrize("grid_splits", [None, 3], ids=["schedule", "grid"])
+def test_tiles_inside_pages(table_ahead, grid_splits):
+    """Pages of two 16-token tiles: a tile is consecutive slots of one page (one block id, addresses a
+    base plus fixed offsets), the second tile starting mid-page; last tiles partial, pages shuffled,
+    every row no request may read NaN."""
+    gqa = KVCacheLayout.gqa(num_blocks=16, block_size=32, num_kv_heads=2, head_dim=32)
+    mla = KVCacheLayout.mla(num_blocks=16, block_size=32, kv_lora_rank=64, rope_dim=16)
+    run_split_variant(gqa, 4, [1, 32, 45, 70, 17], torch.float32, 22, grid_splits=grid_splits, BLOCK_N=16,
+                      TABLE_AHEAD=table_ahead)
+    run_split_variant(mla, 4, [33, 64, 95], torch.bfloat16, 23, grid_splits=grid_splits, BLOCK_N=16,
+                      VALUE_IS_KEY=True, TABLE_AHEAD=table_ahead)
+
+
 def test_combine_merges_more_splits_than_one_step():
     # 40 splits per request: three combine steps of COMBINE_SPLITS, the last one partly past the
     # request's range; 330 tokens fill 21 of them (one 16-token tile each), 3 tokens fill one.

@@ -62,3 +62,37 @@ def test_a_case_that_fails_to_compile_is_a_full_width_row(capsys):
     assert rows == [["broken", "failed: RuntimeError: no such kernel", *["-"] * (len(sass_count.HEADER) - 2)]]
     table("t", sass_count.HEADER, rows, "cmd")  # the table takes it
     assert "no such kernel" in capsys.readouterr().out
+
+
+_LOOP = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   IMAD R3, R2, 0x2, RZ ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R6], desc[UR4][R8.64] ;
+        /*0040*/               @!P0 BRA 0x20 ;
+        /*0050*/                   EXIT ;
+        /*0060*/                   BRA 0x60;
+"""
+
+
+def test_token_loop_is_the_body_of_the_backward_branch():
+    import sass_count
+
+    # the loop runs 0x20..0x40: IMAD, LDGSTS and the branch; the load before it and the final
+    # self-branch (a forward-or-self jump, not a loop back) are not in it
+    assert sass_count.token_loop(_LOOP) == ["IMAD", "LDGSTS.E.BYPASS.128", "BRA"]
+    assert sass_count.token_loop(_LISTING) == []
+
+
+@pytest.mark.slow
+def test_mla_token_loop_reads_one_block_id_per_tile():
+    """A 64-token tile of MLA on 64-token pages is one page's slots: the sm90 token loop loads one block
+    id (not one per token) and copies the tile with cp.async, with no spills."""
+    import sass_count
+    from tritonwarm.jit.resources import cuobjdump
+
+    if cuobjdump() is None:
+        pytest.skip("this Triton ships no cuobjdump")
+    mla = next(r for r in sass_count.attention_rows("sm90") if r[1].startswith("MLA"))
+    header = dict(zip(sass_count.ATTENTION_HEADER, mla, strict=True))
+    assert header["loop LDG"] == 1 and header["loop LDGSTS"] > 0 and header["spill B"] == 0, header
