@@ -98,15 +98,18 @@ ATTENTION_HEADER = ["kernel", "geometry", "BLOCK_N", "warps", "stages", "loop in
 
 
 def token_loop(sass: str) -> list[str]:
-    """The opcodes of the innermost loop: the body of the last backward branch (the token loop of a
-    split kernel; its prologue and epilogue run once)."""
+    """The opcodes of the first innermost loop (a backward branch's body holding no other loop): a
+    split kernel's token loop over whole tiles. A partial last tile runs in a second loop after it,
+    and the schedule kernel's loop over requests holds both."""
     code = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in re.finditer(
         r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)", sass)]
     loops = [(int(t.group(1), 16), at) for at, op, rest in code if op == "BRA"
              and (t := re.search(r"0x([0-9a-f]+)", rest)) and int(t.group(1), 16) < at]
-    if not loops:
+    innermost = [(start, end) for start, end in loops
+                 if not any(start <= s and e < end for s, e in loops if (s, e) != (start, end))]
+    if not innermost:
         return []
-    start, end = loops[-1]
+    start, end = min(innermost)
     return [op for at, op, _ in code if start <= at <= end]
 
 

@@ -33,6 +33,10 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
                    TABLE_AHEAD: tl.constexpr = False):
     """Online softmax over tokens [token_lo, token_hi) of one request: (row_max, row_sum, acc), base 2.
 
+    ``token_lo`` is a multiple of BLOCK_N (both callers' ranges start on a tile). The whole tiles run
+    in the loop with no token mask; the last, partial tile (if any) runs once after it, masked. The
+    mask's compares and selects were a quarter of the sm90 MLA loop's instructions.
+
     ``VALUE_IS_KEY`` (MLA, value = the key's first VALUE_DIM == BLOCK_D dims): the value tile IS the
     loaded key tile, so no second load is issued at all (without it the re-read hits cache but still
     costs load instructions and registers).
@@ -42,83 +46,99 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
     Triton's pipeliner then gives the K/V loads only ``(num_stages - 1) // 2`` buffers of lookahead;
     carried over, the K/V addresses are known one step early and the pipeliner may go deeper.
 
-    A page of whole tiles (``PAGE_SIZE % BLOCK_N == 0``, MLA's 64-token pages): ``token_lo`` is a
-    multiple of BLOCK_N in both callers, so each tile is consecutive slots of one page. Its block id
-    is one scalar, and its addresses are one scalar base plus offsets that stay fixed for the whole
-    loop. Per-token ids and addresses took about two thirds of the sm90 loop's instructions
-    (MLA, BLOCK_N 64: integer work on 64 row addresses per tile).
+    A page of whole tiles (``PAGE_SIZE % BLOCK_N == 0``, MLA's 64-token pages): each tile is
+    consecutive slots of one page. Its block id is one scalar, and its addresses are one scalar base
+    plus offsets that stay fixed for the whole loop. Per-token ids and addresses took about two thirds
+    of the sm90 loop's instructions (MLA, BLOCK_N 64: integer work on 64 row addresses per tile).
     """
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < KEY_DIM
-    dv = tl.arange(0, BLOCK_DV)
-    dv_mask = dv < VALUE_DIM
-    if BLOCK_D_TAIL > 0:
-        d_tail = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
-        d_tail_mask = d_tail < KEY_DIM
     row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    if PAGE_SIZE % BLOCK_N == 0:  # a tile is one page's consecutive slots
-        slots = n[:, None] * cache_token_stride  # fixed offsets: hoisted out of the loop
-        key_offsets = slots + d[None, :]
-        if BLOCK_D_TAIL > 0:
-            key_tail_offsets = slots + d_tail[None, :]
-        value_offsets = slots + dv[None, :]
-        if TABLE_AHEAD:
-            next_id = tl.load(table_row + token_lo // PAGE_SIZE, mask=token_lo < token_hi, other=0)
-    elif TABLE_AHEAD:
-        first = token_lo + n
-        next_ids = tl.load(table_row + first // PAGE_SIZE, mask=first < token_hi, other=0)
-    for token_start in range(token_lo, token_hi, BLOCK_N):
-        tokens = token_start + n
-        token_mask = tokens < token_hi
+    ids = 0  # the carried block id(s) of the next tile, with TABLE_AHEAD
+    if TABLE_AHEAD:
         if PAGE_SIZE % BLOCK_N == 0:
-            if TABLE_AHEAD:
-                block_id = next_id
-                ahead = token_start + BLOCK_N
-                next_id = tl.load(table_row + ahead // PAGE_SIZE, mask=ahead < token_hi, other=0)
-            else:
-                block_id = tl.load(table_row + token_start // PAGE_SIZE)
-            tile = block_id.to(tl.int64) * cache_block_stride + (token_start % PAGE_SIZE) * cache_token_stride \
-                + head_offset
-            key_ptrs = key_ptr + tile + key_offsets
-            if BLOCK_D_TAIL > 0:
-                key_tail_ptrs = key_ptr + tile + key_tail_offsets
-            value_ptrs = value_ptr + tile + value_offsets
+            ids = tl.load(table_row + token_lo // PAGE_SIZE, mask=token_lo < token_hi, other=0)
         else:
-            if TABLE_AHEAD:
-                block_ids = next_ids
-                ahead = tokens + BLOCK_N
-                next_ids = tl.load(table_row + ahead // PAGE_SIZE, mask=ahead < token_hi, other=0)
-            else:
-                block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
-            rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride \
-                + head_offset
-            key_ptrs = key_ptr + rows[:, None] + d[None, :]
-            if BLOCK_D_TAIL > 0:
-                key_tail_ptrs = key_ptr + rows[:, None] + d_tail[None, :]
-            value_ptrs = value_ptr + rows[:, None] + dv[None, :]
-        k = tl.load(key_ptrs, mask=token_mask[:, None] & d_mask[None, :], other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-        if BLOCK_D_TAIL > 0:
-            k_tail = tl.load(key_tail_ptrs, mask=token_mask[:, None] & d_tail_mask[None, :], other=0.0)
-            scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
-        scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        # Every tile holds at least one real token, but keep -inf - -inf (NaN) impossible anyway.
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        rescale = tl.exp2(row_max - safe_max)
-        probs = tl.exp2(scores - safe_max[:, None])
-        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
-        if VALUE_IS_KEY:
-            v = k
-        else:
-            # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
-            v = tl.load(value_ptrs, mask=token_mask[:, None] & dv_mask[None, :], other=0.0)
-        acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
-        row_max = new_max
+            ids = tl.load(table_row + (token_lo + n) // PAGE_SIZE, mask=token_lo + n < token_hi, other=0)
+    whole_hi = token_lo + (token_hi - token_lo) // BLOCK_N * BLOCK_N
+    for token_start in range(token_lo, whole_hi, BLOCK_N):
+        row_max, row_sum, acc, ids = _attend_tile(
+            q, q_tail, key_ptr, value_ptr, table_row, token_start, token_hi, ids, row_max, row_sum, acc,
+            cache_block_stride, cache_token_stride, head_offset, scale_log2,
+            PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY, TABLE_AHEAD,
+            False)
+    for token_start in range(whole_hi, token_hi, BLOCK_N):  # the partial tile: at most one step
+        row_max, row_sum, acc, ids = _attend_tile(
+            q, q_tail, key_ptr, value_ptr, table_row, token_start, token_hi, ids, row_max, row_sum, acc,
+            cache_block_stride, cache_token_stride, head_offset, scale_log2,
+            PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY, TABLE_AHEAD,
+            True)
     return row_max, row_sum, acc
+
+
+@triton.jit
+def _attend_tile(q, q_tail, key_ptr, value_ptr, table_row, token_start, token_hi, ids, row_max, row_sum, acc,
+                 cache_block_stride, cache_token_stride, head_offset, scale_log2,
+                 PAGE_SIZE: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D_TAIL: tl.constexpr,
+                 BLOCK_DV: tl.constexpr, VALUE_IS_KEY: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+                 PARTIAL: tl.constexpr):
+    """One BLOCK_N tile from ``token_start`` into the online softmax; only a ``PARTIAL`` tile masks
+    tokens at ``token_hi``. Returns (row_max, row_sum, acc, the next tile's carried ids)."""
+    n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    tokens = token_start + n
+    if PAGE_SIZE % BLOCK_N == 0:  # one page's consecutive slots: one id, one base, fixed offsets
+        if TABLE_AHEAD:
+            block_id = ids
+            ahead = token_start + BLOCK_N
+            ids = tl.load(table_row + ahead // PAGE_SIZE, mask=ahead < token_hi, other=0)
+        else:
+            block_id = tl.load(table_row + token_start // PAGE_SIZE)
+        base = block_id.to(tl.int64) * cache_block_stride + (token_start % PAGE_SIZE) * cache_token_stride \
+            + head_offset
+        key_rows = key_ptr + base + n[:, None] * cache_token_stride
+        value_rows = value_ptr + base + n[:, None] * cache_token_stride
+    else:
+        if TABLE_AHEAD:
+            block_ids = ids
+            ahead = tokens + BLOCK_N
+            ids = tl.load(table_row + ahead // PAGE_SIZE, mask=ahead < token_hi, other=0)
+        else:
+            block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=tokens < token_hi, other=0)
+        rows = block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * cache_token_stride \
+            + head_offset
+        key_rows = key_ptr + rows[:, None]
+        value_rows = value_ptr + rows[:, None]
+    if PARTIAL:
+        token_mask = tokens < token_hi
+    else:
+        token_mask = n < BLOCK_N  # all true: folded away
+    k = tl.load(key_rows + d[None, :], mask=token_mask[:, None] & (d[None, :] < KEY_DIM), other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    if BLOCK_D_TAIL > 0:
+        d_tail = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        k_tail = tl.load(key_rows + d_tail[None, :], mask=token_mask[:, None] & (d_tail[None, :] < KEY_DIM),
+                         other=0.0)
+        scores += tl.dot(q_tail, tl.trans(k_tail), input_precision="ieee")
+    scores = scores * scale_log2
+    if PARTIAL:
+        scores = tl.where(token_mask[None, :], scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+    # Every tile holds at least one real token, but keep -inf - -inf (NaN) impossible anyway.
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    rescale = tl.exp2(row_max - safe_max)
+    probs = tl.exp2(scores - safe_max[:, None])
+    row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+    if VALUE_IS_KEY:
+        v = k
+    else:
+        # For MLA the value view aliases the key's first VALUE_DIM dims: this re-read hits cache.
+        v = tl.load(value_rows + dv[None, :], mask=token_mask[:, None] & (dv[None, :] < VALUE_DIM), other=0.0)
+    acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None], input_precision="ieee")
+    return new_max, row_sum, acc, ids
 
 
 @triton.jit(do_not_specialize=["block_table_stride"])

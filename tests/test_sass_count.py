@@ -75,13 +75,26 @@ _LOOP = """
 """
 
 
-def test_token_loop_is_the_body_of_the_backward_branch():
+_NESTED = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/               @!P0 BRA 0x10 ;
+        /*0030*/                   FMUL R5, R5, R6 ;
+        /*0040*/               @!P1 BRA 0x30 ;
+        /*0050*/               @!P2 BRA 0x0 ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_token_loop_is_the_first_innermost_loop():
     import sass_count
 
     # the loop runs 0x20..0x40: IMAD, LDGSTS and the branch; the load before it and the final
     # self-branch (a forward-or-self jump, not a loop back) are not in it
     assert sass_count.token_loop(_LOOP) == ["IMAD", "LDGSTS.E.BYPASS.128", "BRA"]
     assert sass_count.token_loop(_LISTING) == []
+    # two inner loops (whole tiles, then the partial one) in an outer loop: the first inner one
+    assert sass_count.token_loop(_NESTED) == ["HMMA.16816.F32.BF16", "BRA"]
 
 
 @pytest.mark.slow
