@@ -142,25 +142,18 @@ class FastDispatch:
 
 
 def _input_keyer(types: tuple, hip: bool = False) -> Any:
-    """Straight-line code computing the memo key of inputs of these exact types on a device.
+    """Straight-line code computing everything a memoizable launch spec may read from its inputs.
 
-    The key holds the device, the input types and everything a memoizable launch spec may read from
-    its inputs: a tensor's dtype, shape, strides, 16-byte alignment and, on HIP, its buffer-ops
-    storage class; a scalar's exact value (the types tell ``1`` from ``1.0`` and ``True``). That
-    covers Triton's specialization of the tensors themselves, and every launch argument the spec
-    derives from them is fixed by the key. Whether the first tensor is on the CPU is in the key too:
-    it sends a launch to the interpreter (``_wants_interpreter``). Returns None for an input type
-    not handled here.
+    A tensor contributes its dtype, shape, strides, whether it is on the CPU (the interpreter's
+    cue), its 16-byte alignment and, on HIP, its buffer-ops storage class; a scalar its exact value.
+    That covers Triton's specialization of the tensors themselves, and every launch argument the spec
+    derives from them is fixed by the key. Returns None for an input type not handled here.
     """
     terms = []
-    first_tensor = True
     for i, kind in enumerate(types):
         a = f"a[{i}]"
         if issubclass(kind, torch.Tensor):
-            terms += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.data_ptr() & 15"]
-            if first_tensor:
-                terms.append(f"{a}.is_cpu")
-                first_tensor = False
+            terms += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.is_cpu", f"{a}.data_ptr() & 15"]
             if hip:
                 terms.append(f"{a}.untyped_storage().size() <= {_I32_MAX}")
         elif kind in (int, float, bool, str, type(None)):
@@ -168,8 +161,7 @@ def _input_keyer(types: tuple, hip: bool = False) -> Any:
         else:
             return None
     namespace: dict = {}
-    exec(f"def key(a, device, types):\n    return (device, types, {''.join(t + ', ' for t in terms)})",  # noqa: S102
-         namespace)
+    exec(f"def key(a):\n    return ({', '.join(terms)}{',' if terms else ''})", namespace)  # noqa: S102
     return namespace["key"]
 
 
@@ -191,14 +183,14 @@ class LaunchMemo:
         self.replays: dict[tuple, Any] = {}
 
     def key(self, inputs: tuple, device) -> Any:
+        hip = self.fast.hip_devices.get(device)
+        if hip is None:
+            hip = self.fast.hip_devices[device] = driver.active.get_current_target().backend == "hip"
         types = tuple(map(type, inputs))
-        keyer = self.keyers.get((types, device), _MISSING)
+        keyer = self.keyers.get((types, hip), _MISSING)
         if keyer is _MISSING:
-            hip = self.fast.hip_devices.get(device)
-            if hip is None:
-                hip = self.fast.hip_devices[device] = driver.active.get_current_target().backend == "hip"
-            keyer = self.keyers[(types, device)] = _input_keyer(types, hip)
-        return None if keyer is None else keyer(inputs, device, types)
+            keyer = self.keyers[(types, hip)] = _input_keyer(types, hip)
+        return None if keyer is None else (device, types, keyer(inputs))
 
     def remember(self, key, inputs: tuple, launch) -> None:
         """After ``launch`` went through the fast path: bind it to ``key`` if it can be replayed."""
