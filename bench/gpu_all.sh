@@ -2,12 +2,15 @@
 # Every GPU measurement of the project in one go, each step under its own time limit, its full log
 # and JSON figures written to OUTDIR, the last lines of each log printed:
 #
-#     bash bench/gpu_all.sh OUTDIR [STEP ...]
+#     [BUDGET_S=780] bash bench/gpu_all.sh OUTDIR [STEP ...]
 #
-# Steps (default: all, in this order): env warm kernels attention fp4 align moe dispatch engine
-# throughput. A failing step prints its exit status and the run goes on. The warm step fills the
-# cache (every shipped spec and both engine configs) first, so the later steps time kernels, not
-# compiles; the engine step then serves with --jit-policy error.
+# Steps (default: all, in this order): env attention align fp4 dispatch kernels warm engine
+# throughput moe. The kernel benchmarks come first: they compile what they time before timing it,
+# and they are what a short loan of a GPU is for. The warm step fills the cache (every shipped spec
+# and both engine configs) before the engine steps, which then serve with --jit-policy error. A
+# failing step prints its exit status and the run goes on. With BUDGET_S, the whole run stays
+# within that many seconds: each step's limit is cut to what is left, and a step with less than 15 s
+# left is skipped with a line saying so.
 set -u
 out=${1:?usage: bash bench/gpu_all.sh OUTDIR [STEP ...]}
 shift
@@ -15,12 +18,20 @@ mkdir -p "$out"
 bench=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env warm kernels attention fp4 align moe dispatch engine throughput)
+[ ${#steps[@]} -eq 0 ] && steps=(env attention align fp4 dispatch kernels warm engine throughput moe)
 export PYTHONUNBUFFERED=1
 
 run() {  # run NAME LIMIT_S CMD...: log to OUTDIR/NAME.log, print its tail and status
     local name=$1 limit=$2
     shift 2
+    if [ -n "${BUDGET_S:-}" ]; then
+        local left=$((BUDGET_S - SECONDS))
+        if [ "$left" -lt 15 ]; then
+            echo "== $name: skipped, ${left} s of BUDGET_S=$BUDGET_S left"
+            return
+        fi
+        [ "$left" -lt "$limit" ] && limit=$left
+    fi
     local start=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     local rc=$?
