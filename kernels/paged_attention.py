@@ -33,9 +33,9 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
                    TABLE_AHEAD: tl.constexpr = False):
     """Online softmax over tokens [token_lo, token_hi) of one request: (row_max, row_sum, acc), base 2.
 
-    ``token_lo`` is a multiple of BLOCK_N (both callers' ranges start on a tile). The whole tiles run
-    in the loop with no token mask; the last, partial tile (if any) runs once after it, masked. The
-    mask's compares and selects were a quarter of the sm90 MLA loop's instructions.
+    The whole tiles from ``token_lo`` run in the loop with no token mask; the last, partial tile (if
+    any) runs in a second loop of at most one step, masked. The mask's compares and selects were a
+    quarter of the sm90 MLA loop's instructions.
 
     ``VALUE_IS_KEY`` (MLA, value = the key's first VALUE_DIM == BLOCK_D dims): the value tile IS the
     loaded key tile, so no second load is issued at all (without it the re-read hits cache but still
@@ -46,10 +46,11 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
     Triton's pipeliner then gives the K/V loads only ``(num_stages - 1) // 2`` buffers of lookahead;
     carried over, the K/V addresses are known one step early and the pipeliner may go deeper.
 
-    A page of whole tiles (``PAGE_SIZE % BLOCK_N == 0``, MLA's 64-token pages): each tile is
-    consecutive slots of one page. Its block id is one scalar, and its addresses are one scalar base
-    plus offsets that stay fixed for the whole loop. Per-token ids and addresses took about two thirds
-    of the sm90 loop's instructions (MLA, BLOCK_N 64: integer work on 64 row addresses per tile).
+    A page of whole tiles (``PAGE_SIZE % BLOCK_N == 0``, MLA's 64-token pages): ``token_lo`` is then a
+    multiple of BLOCK_N (a page boundary in the schedule kernel, whole tiles in the grid kernel), so
+    each tile is consecutive slots of one page. Its block id is one scalar, and its addresses are one
+    scalar base plus offsets that stay fixed for the whole loop. Per-token ids and addresses took
+    about two thirds of the sm90 loop's instructions (MLA, BLOCK_N 64: 64 row addresses per tile).
     """
     row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_H], tl.float32)
@@ -68,7 +69,9 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
             cache_block_stride, cache_token_stride, head_offset, scale_log2,
             PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY, TABLE_AHEAD,
             False)
-    for token_start in range(whole_hi, token_hi, BLOCK_N):  # the partial tile: at most one step
+    # The partial tile, as a loop of at most one step: pipelined through the same shared memory. (As an
+    # `if` after the loop, its tile went through registers: 255 of them on sm90.)
+    for token_start in range(whole_hi, token_hi, BLOCK_N):
         row_max, row_sum, acc, ids = _attend_tile(
             q, q_tail, key_ptr, value_ptr, table_row, token_start, token_hi, ids, row_max, row_sum, acc,
             cache_block_stride, cache_token_stride, head_offset, scale_log2,
