@@ -5,9 +5,9 @@ copy bandwidth. Not a timing: confirm on a GPU.
 
     python bench/sass_count.py [--target sm90] [--k 7168] [--variants]
 
-Columns: instructions in the whole kernel (NOPs and the trailing BRA-to-self excluded; a straight-line
-kernel has no loop, so this is what every thread issues), elements per thread, their ratio
-(instructions a thread issues per element it handles),
+Columns: instructions in the whole kernel (NOPs, the trailing BRA-to-self and ptxas's padding under a
+never-true predicate excluded; a straight-line kernel has no loop, so this is what every thread
+issues), elements per thread, their ratio (instructions a thread issues per element it handles),
 widths of global loads / stores (LDG.E.128 = 16 bytes per thread), registers and spill (local) bytes.
 
     python bench/sass_count.py --attention [--target sm90]
@@ -31,14 +31,20 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import one_line, table  # noqa: E402
 
 HEADER = ["kernel", "instr", "warps", "elem/thread", "instr/elem", "loads", "stores", "regs", "spill B"]
-_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)")
+
+
+def instructions(sass: str) -> list[tuple[int, str, str]]:
+    """(address, opcode, operands) of each instruction that can execute: NOPs and ptxas's padding
+    under a never-true predicate (``@!UPT UIADD3 URZ, ...``, between dependent MMAs) are left out."""
+    return [(int(m.group(1), 16), m.group(3), m.group(4)) for m in _INSTRUCTION.finditer(sass)
+            if m.group(3) != "NOP" and (m.group(2) or "").strip() not in ("@!PT", "@!UPT")]
 
 
 def count_sass(sass: str) -> dict:
-    """Instruction counts of one disassembled kernel: total (no NOP / self-branch), and the
-    global memory opcodes (LDG / STG with their widths) as written."""
-    ops = [m.group(2) for m in _INSTRUCTION.finditer(sass)]
-    body = [op for op in ops if op != "NOP"]
+    """Instruction counts of one disassembled kernel: total (no NOP, padding or final
+    self-branch), and the global memory opcodes (LDG / STG with their widths) as written."""
+    body = [op for _, op, _ in instructions(sass)]
     # the kernel ends in EXIT; BRA (to itself), plus padding NOPs: not work
     while body and body[-1] == "BRA":
         body.pop()
@@ -101,8 +107,7 @@ def token_loop(sass: str) -> list[str]:
     """The opcodes of the first innermost loop (a backward branch's body holding no other loop): a
     split kernel's token loop over whole tiles. A partial last tile runs in a second loop after it,
     and the schedule kernel's loop over requests holds both."""
-    code = [(int(m.group(1), 16), m.group(3), m.group(4)) for m in re.finditer(
-        r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)", sass)]
+    code = instructions(sass)
     loops = [(int(t.group(1), 16), at) for at, op, rest in code if op == "BRA"
              and (t := re.search(r"0x([0-9a-f]+)", rest)) and int(t.group(1), 16) < at]
     innermost = [(start, end) for start, end in loops

@@ -34,8 +34,8 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
     """Online softmax over tokens [token_lo, token_hi) of one request: (row_max, row_sum, acc), base 2.
 
     The whole tiles from ``token_lo`` run in the loop with no token mask; the last, partial tile (if
-    any) runs in a second loop of at most one step, masked. The mask's compares and selects were a
-    quarter of the sm90 MLA loop's instructions.
+    any) runs in a second loop of at most one step, masked. The mask's compares and selects were
+    over a quarter of the sm90 MLA loop's instructions.
 
     ``VALUE_IS_KEY`` (MLA, value = the key's first VALUE_DIM == BLOCK_D dims): the value tile IS the
     loaded key tile, so no second load is issued at all (without it the re-read hits cache but still
@@ -50,7 +50,7 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
     multiple of BLOCK_N (a page boundary in the schedule kernel, whole tiles in the grid kernel), so
     each tile is consecutive slots of one page. Its block id is one scalar, and its addresses are one
     scalar base plus offsets that stay fixed for the whole loop. Per-token ids and addresses took
-    about two thirds of the sm90 loop's instructions (MLA, BLOCK_N 64: 64 row addresses per tile).
+    half the sm90 loop's instructions (MLA, BLOCK_N 64: 64 row addresses per tile).
     """
     row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_H], tl.float32)

@@ -69,6 +69,7 @@ _LOOP = """
         /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
         /*0020*/                   IMAD R3, R2, 0x2, RZ ;
         /*0030*/                   LDGSTS.E.BYPASS.128 [R6], desc[UR4][R8.64] ;
+        /*0038*/              @!UPT UIADD3 URZ, URZ, URZ, URZ ;
         /*0040*/               @!P0 BRA 0x20 ;
         /*0050*/                   EXIT ;
         /*0060*/                   BRA 0x60;
@@ -89,8 +90,8 @@ _NESTED = """
 def test_token_loop_is_the_first_innermost_loop():
     import sass_count
 
-    # the loop runs 0x20..0x40: IMAD, LDGSTS and the branch; the load before it and the final
-    # self-branch (a forward-or-self jump, not a loop back) are not in it
+    # the loop runs 0x20..0x40: IMAD, LDGSTS and the branch; the load before it, the padding under a
+    # never-true predicate and the final self-branch (a forward-or-self jump, not a loop back) are not
     assert sass_count.token_loop(_LOOP) == ["IMAD", "LDGSTS.E.BYPASS.128", "BRA"]
     assert sass_count.token_loop(_LISTING) == []
     # two inner loops (whole tiles, then the partial one) in an outer loop: the first inner one
