@@ -61,17 +61,8 @@ def moe_align_scan_kernel(
     total_padded = tl.sum(padded, axis=0)
     tl.store(num_tokens_post_padded_ptr, total_padded)
 
-    running = starts
-    first = 0
-    while first < num_tiles:
-        tiles = first + step_tiles
-        offsets = tiles[:, None] * num_experts + experts[None, :]
-        mask = (tiles < num_tiles)[:, None] & expert_ok[None, :]
-        counts = tl.load(tile_counts_ptr + offsets, mask=mask, other=0)
-        inclusive = tl.cumsum(counts, axis=0)
-        tl.store(tile_starts_ptr + offsets, running[None, :] + inclusive - counts, mask=mask)
-        running += tl.sum(counts, axis=0)
-        first += TILES_PER_STEP
+    _scan_columns(tile_counts_ptr, tile_starts_ptr, starts, experts, expert_ok, num_tiles, num_experts,
+                  TILES_PER_STEP)
 
     # Block b starts at b * block_size; its expert is the number of experts whose segment ends at
     # or before that (empty segments end where they start, so they are skipped).
@@ -226,10 +217,21 @@ def moe_align_expert_scan_kernel(
     # running sum), and the expert's total. Columns are independent, so programs never wait on each other.
     experts = tl.program_id(0) * EXPERTS + tl.arange(0, EXPERTS)
     expert_ok = experts < num_experts
+    totals = _scan_columns(tile_counts_ptr, tile_starts_ptr, tl.zeros([EXPERTS], tl.int32), experts, expert_ok,
+                           num_tiles, num_experts, TILES_PER_STEP)
+    tl.store(expert_totals_ptr + experts, totals, mask=expert_ok)
+
+
+@triton.jit
+def _scan_columns(tile_counts_ptr, tile_starts_ptr, start, experts, expert_ok, num_tiles, num_experts,
+                  TILES_PER_STEP: tl.constexpr):
+    """Down the tiles of the count table's ``experts`` columns: where each tile's slots of an expert
+    begin (``start`` plus the same expert's slots in earlier tiles, an exclusive running sum) into
+    ``tile_starts``. Returns ``start`` plus each expert's total."""
     rows = tl.arange(0, TILES_PER_STEP)
-    running = tl.zeros([EXPERTS], tl.int32)
+    running = start
     first = 0
-    while first < num_tiles:
+    while first < num_tiles:  # `while`, not range(): Triton 3.6's interpreter cannot range to a runtime int
         tiles = first + rows
         offsets = tiles[:, None] * num_experts + experts[None, :]
         mask = (tiles < num_tiles)[:, None] & expert_ok[None, :]
@@ -237,7 +239,7 @@ def moe_align_expert_scan_kernel(
         tl.store(tile_starts_ptr + offsets, running[None, :] + tl.cumsum(counts, axis=0) - counts, mask=mask)
         running += tl.sum(counts, axis=0)
         first += TILES_PER_STEP
-    tl.store(expert_totals_ptr + experts, running, mask=expert_ok)
+    return running
 
 
 @triton.jit(do_not_specialize=["numel", "max_padded", "max_blocks"])
