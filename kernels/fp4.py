@@ -94,10 +94,39 @@ def _minifloat_code_fast(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constex
 
 
 @triton.jit
-def _e2m1_codes(values, FAST: tl.constexpr):
-    """Signed E2M1 codes of fp32 ``values``: the FP-adder rounding (FAST) or the generic integer one;
-    both are kept so that the speed of one can be measured against the other (same codes: tested)."""
-    if FAST:
+def _e2m1_lines(magnitude, scale):
+    """E2M1 magnitude code of ``magnitude * scale`` (ties to even, saturating at 6) in bits 0-2 of the
+    returned int32; bits 3-22 are zero, those from 23 up are not (mask or truncate them). ``magnitude`` >= 0, NaN is
+    the caller's job; ``magnitude * scale`` must be exact: ``scale`` a power of two, or 1.0 for a
+    product the caller rounded (passed through |.|, so it cannot contract into an FMA here).
+
+    Counted in E2M1 quanta, the code of v is min(2v, v + 2, v / 2 + 4, 7): one line per binade (the
+    quantum is 0.5 below 2, 1 up to 4, 2 from 4), the lines meet at v = 2 and v = 4, and the minimum
+    picks the right one. Each line, halved, is one FMA whose addend holds 2**22, where the fp32 ulp
+    is 0.5: the FMA's own rounding is the ties-to-even rounding to a whole code, and the code lands
+    in the low mantissa bits. Rounding is monotonic, so the minimum of the rounded lines is the
+    rounded minimum. Six FP instructions, no integer work. The multipliers are ``scale``, ``scale / 2``
+    and ``scale / 4`` (never above ``scale``: MXFP4's 2**127 cannot overflow); for MXFP4's smallest,
+    2**-125, the last is a subnormal, exact because Triton compiles fp32 without flush-to-zero (tested).
+    """
+    MAGIC: tl.constexpr = 4194304.0  # 2**22: the ulp of [2**22, 2**23) is 0.5
+    below_two = magnitude * scale + MAGIC  # 2v codes
+    two_to_four = magnitude * (scale * 0.5) + (MAGIC + 1.0)  # v + 2
+    from_four = magnitude * (scale * 0.25) + (MAGIC + 2.0)  # v / 2 + 4
+    lines = tl.minimum(tl.minimum(below_two, two_to_four), tl.minimum(from_four, MAGIC + 3.5))
+    return lines.to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_codes(values, E2M1: tl.constexpr):
+    """Signed E2M1 codes of fp32 ``values`` (int32, 0..15) by the rounding E2M1 names: "lines"
+    (``_e2m1_lines``), "adder" (``_minifloat_code_fast``) or "integer" (``_minifloat_code``); all
+    three are kept so that the speed of each can be measured against the others (same codes: tested)."""
+    if E2M1 == "lines":
+        code = _e2m1_lines(tl.abs(values), 1.0) & 7
+        # the sign (bit 31 shifted to bit 3) only on a nonzero code: code + 7 has bit 3 iff code >= 1
+        return code | ((code + 7) & (values.to(tl.int32, bitcast=True) >> 28) & 8)
+    elif E2M1 == "adder":
         return _minifloat_code_fast(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_VALUE=6.0, SIGN_SHIFT=3)
     else:
         return _minifloat_code(values, MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)
@@ -171,30 +200,43 @@ def _interleave(low, high, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok):
-    """A [groups, pairs] tile of bf16 element pairs (4-byte aligned rows) read as int32: the fp32 bits
-    of the even and the odd elements (widening bf16 is a shift / a mask) and each block's |max| bits.
-    The pair's two codes then make the output byte in place, with no ``tl.split`` (which went through
-    shared memory)."""
+    """A [groups, pairs] tile of bf16 element pairs (4-byte aligned rows) read as int32: the words,
+    the fp32 values of the even and the odd elements (widening bf16 is a shift / a mask) and each
+    block's |max| bits. The pair's two codes then make the output byte in place, with no
+    ``tl.split`` (which went through shared memory)."""
     words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
                     mask=group_ok[:, None], other=0)
     low = words << 16  # element 2i's fp32 bits
     high = words & -65536  # element 2i + 1's
-    return low, high, tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
+    amax_bits = tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
+    return words, low.to(tl.float32, bitcast=True), high.to(tl.float32, bitcast=True), amax_bits
+
+
+@triton.jit
+def _pair_bytes(words, low, high, scale, E2M1: tl.constexpr):
+    """Output bytes (the low 8 bits of an int32) of bf16 pairs ``words``: the codes of ``low * scale``
+    (even element, low nibble) and ``high * scale``. ``scale`` is exact to multiply by (a power of
+    two, or 1.0 when the caller rounded the products itself), so "lines" folds it into its FMAs."""
+    if E2M1 == "lines":
+        codes = _e2m1_lines(tl.abs(low), scale) | (_e2m1_lines(tl.abs(high), scale) << 4)  # bits 0-2, 4-6
+        nonzero = codes + 0x77  # bit 3 (7) set iff the low (high) code is not 0: no negative zero
+        signs = ((words >> 12) & 0x08) | ((words >> 24) & 0x80)  # the elements' sign bits 15, 31 at 3, 7
+        return codes | (nonzero & signs)
+    else:
+        return _e2m1_codes(low * scale, E2M1) | (_e2m1_codes(high * scale, E2M1) << 4)
 
 
 @triton.jit
 def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
-                               x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1: tl.constexpr):
+                               x_row_stride, packed_row_stride, scales_row_stride, E2M1: tl.constexpr):
     """mxfp4_quantize_kernel for bf16 read as element pairs (``_load_bf16_pairs``). Same codes and scales."""
     pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
-    low, high, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
+    words, low, high, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
     amax_exp = amax_bits >> 23
     non_finite = amax_exp == 255
     scale_byte = tl.maximum(amax_exp - 2, 0)
     inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
-    low_codes = _e2m1_codes(low.to(tl.float32, bitcast=True) * inv_scale, FAST_E2M1)
-    high_codes = _e2m1_codes(high.to(tl.float32, bitcast=True) * inv_scale, FAST_E2M1)
-    packed = tl.where(non_finite[:, None], 0, low_codes | (high_codes << 4))
+    packed = tl.where(non_finite[:, None], 0, _pair_bytes(words, low, high, inv_scale, E2M1))
     scale_byte = tl.where(non_finite, 0xFF, scale_byte)
     tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])
     tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
@@ -206,7 +248,7 @@ def mxfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
-    FAST_E2M1: tl.constexpr,
+    E2M1: tl.constexpr,
     BF16_PAIRS: tl.constexpr = False,
 ):
     # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
@@ -216,7 +258,7 @@ def mxfp4_quantize_kernel(
     group_ok = group < n_groups
     if BF16_PAIRS:
         _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
-                                   x_row_stride, packed_row_stride, scales_row_stride, FAST_E2M1)
+                                   x_row_stride, packed_row_stride, scales_row_stride, E2M1)
         return
     cols = group[:, None] * 32 + tl.arange(0, 32)[None, :]
     x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
@@ -229,7 +271,7 @@ def mxfp4_quantize_kernel(
     scale_byte = tl.maximum(amax_exp - 2, 0)
     # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
     inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
-    codes = _e2m1_codes(x * inv_scale[:, None], FAST_E2M1)
+    codes = _e2m1_codes(x * inv_scale[:, None], E2M1)
     codes = tl.where(non_finite[:, None], 0, codes)
     scale_byte = tl.where(non_finite, 0xFF, scale_byte)
 
@@ -271,7 +313,7 @@ def nvfp4_quantize_kernel(
     x_row_stride, packed_row_stride, scales_row_stride,
     n_groups,
     GROUPS: tl.constexpr,
-    FAST_E2M1: tl.constexpr,
+    E2M1: tl.constexpr,
     BF16_PAIRS: tl.constexpr = False,
 ):
     # Same tiling as mxfp4_quantize_kernel, with blocks of 16; BF16_PAIRS as there (pairs read as int32).
@@ -280,9 +322,7 @@ def nvfp4_quantize_kernel(
     group_ok = group < n_groups
     pair_cols = group[:, None] * 8 + tl.arange(0, 8)[None, :]
     if BF16_PAIRS:
-        low_bits, high_bits, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
-        low = low_bits.to(tl.float32, bitcast=True)
-        high = high_bits.to(tl.float32, bitcast=True)
+        words, low, high, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
     else:
         cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
         x = _to_fp32(tl.load(x_ptr + row * x_row_stride + cols, mask=group_ok[:, None], other=0.0))
@@ -294,7 +334,7 @@ def nvfp4_quantize_kernel(
     one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
     block_scale = global_scale * (amax * one_sixth)
     # E4M3FN: 3 mantissa bits, smallest normal exponent -6, saturating at 0x7E = 448 (as vLLM clamps).
-    if FAST_E2M1:
+    if E2M1 != "integer":
         scale_code = _minifloat_code_fast(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_VALUE=448.0, SIGN_SHIFT=7)
     else:
         scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
@@ -302,11 +342,11 @@ def nvfp4_quantize_kernel(
     scale_code = tl.where(scale_is_nan, 0x7F, scale_code)
     out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
     if BF16_PAIRS:
-        packed = (_e2m1_codes(low * out_scale[:, None], FAST_E2M1)
-                  | (_e2m1_codes(high * out_scale[:, None], FAST_E2M1) << 4))
+        # the products rounded to fp32 first, as vLLM rounds them: scale 1.0 into _pair_bytes
+        packed = _pair_bytes(words, low * out_scale[:, None], high * out_scale[:, None], 1.0, E2M1)
         packed = tl.where(scale_is_nan[:, None], 0, packed).to(tl.uint8)
     else:
-        codes = _e2m1_codes(x * out_scale[:, None], FAST_E2M1)
+        codes = _e2m1_codes(x * out_scale[:, None], E2M1)
         codes = tl.where(scale_is_nan[:, None], 0, codes)
         packed = _pack_pairs(codes, GROUPS, 16)
     tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed, mask=group_ok[:, None])

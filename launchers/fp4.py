@@ -22,14 +22,15 @@ from ._op import custom_op
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 16 at 2 (quantize)
-# The quantize kernels round to E2M1 in the FP adder (same codes as the integer rounding, a fraction
-# of its instructions: the integer one made them issue bound, ~40 SASS instructions per element on
-# sm90) and run 2 warps per program: per-thread setup paid over 16 elements. H200, 4096x7168 bf16
-# (bench/fp4_variants.py): mxfp4 28 % -> 49 % of copy bandwidth, nvfp4 28 % -> 44 %; 1 warp is faster
-# there (52 % / 47 %) but ~1 us slower at 16 tokens, 4 warps the other way round. bf16 input reads
-# element pairs as int32 (BF16_PAIRS): sm90 SASS per element, offline (bench/sass_count.py), mxfp4
-# 25.5 -> 22.4, nvfp4 37.1 -> 30.9 (47 -> 32 registers); not yet timed on a GPU.
-_QUANTIZE_CONSTEXPRS = dict(FAST_E2M1=True)
+# The quantize kernels are issue bound: rounding to E2M1 with integer arithmetic cost ~40 SASS
+# instructions per element on sm90. The FP adder's rounding and 2 warps per program (per-thread
+# setup paid over 16 elements) took the H200, 4096x7168 bf16 (bench/fp4_variants.py), from 28 % to
+# 49 % (mxfp4) / 44 % (nvfp4) of copy bandwidth; 1 warp was faster there (52 % / 47 %) but ~1 us
+# slower at 16 tokens, 4 warps the other way round. Now: the code is the minimum of three FMA lines
+# ("lines", kernels/fp4.py: _e2m1_lines), and bf16 input reads element pairs as int32 (BF16_PAIRS).
+# sm90 SASS per element, offline (bench/sass_count.py): mxfp4 25.5 -> 17.9, nvfp4 37.1 -> 28.1;
+# not yet timed on a GPU.
+_QUANTIZE_CONSTEXPRS = dict(E2M1="lines")
 _QUANTIZE_WARPS = 2
 
 

@@ -262,7 +262,8 @@ def test_warmup_spec_rows_launch_one_variant_per_dtype():
 
 @pytest.mark.parametrize("shift", [0, 7])
 def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_value(shift):
-    """The bf16 fast path (int32 pairs) against the per-element kernel, on every bf16 bit pattern
+    """The bf16 fast path (int32 pairs, the shipped rounding) against the per-element kernel with the
+    integer rounding, on every bf16 bit pattern
     (NaN and inf blocks, subnormals, ties) in blocks mixed two ways."""
     from tritonwarm.launchers.fp4 import mxfp4_quantize_jit, mxfp4_quantize_launch
 
@@ -275,6 +276,8 @@ def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_va
         launch = mxfp4_quantize_launch(x, packed, scales)
         assert launch.constexprs["BF16_PAIRS"] is True  # what an aligned bf16 input gets
         launch.constexprs["BF16_PAIRS"] = pairs
+        if not pairs:  # the kernel as first shipped: per-element reads, integer rounding
+            launch.constexprs["E2M1"] = "integer"
         mxfp4_quantize_jit.launch(launch)
         outs.append((packed, scales))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
