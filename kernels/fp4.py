@@ -96,9 +96,10 @@ def _minifloat_code_fast(value, MANTISSA_BITS: tl.constexpr, MIN_EXP: tl.constex
 @triton.jit
 def _e2m1_lines(magnitude, scale):
     """E2M1 magnitude code of ``magnitude * scale`` (ties to even, saturating at 6) in bits 0-2 of the
-    returned int32; bits 3-22 are zero, those from 23 up are not (mask or truncate them). ``magnitude`` >= 0, NaN is
-    the caller's job; ``magnitude * scale`` must be exact: ``scale`` a power of two, or 1.0 for a
-    product the caller rounded (passed through |.|, so it cannot contract into an FMA here).
+    returned int32; bits 3-22 are zero, those from 23 up are not (mask or truncate them).
+    ``magnitude`` >= 0, NaN is the caller's job; ``magnitude * scale`` must be exact: ``scale`` a
+    power of two, or 1.0 for a product the caller rounded (passed through |.|, so it cannot
+    contract into an FMA here).
 
     Counted in E2M1 quanta, the code of v is min(2v, v + 2, v / 2 + 4, 7): one line per binade (the
     quantum is 0.5 below 2, 1 up to 4, 2 from 4), the lines meet at v = 2 and v = 4, and the minimum
