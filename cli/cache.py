@@ -55,12 +55,27 @@ def add_parsers(sub) -> None:
     t.set_defaults(func=cmd_targets)
 
 
-def cmd_list(args) -> int:
-    from ..jit.cache import resolve_cache_dir
-    from ..jit.inspection import list_variants
+def _cache_dir(args) -> Path:
+    """The cache these commands read, refused in one line where it is a file or lies under one."""
+    from ..jit.cache import check_cache_dir, resolve_cache_dir
 
     cache_dir = resolve_cache_dir(args.cache_dir)
-    rows = list_variants(cache_dir, target=args.target, kernel=args.kernel)
+    check_cache_dir(cache_dir, for_writing=False)
+    return cache_dir
+
+
+def _target_name(args) -> str | None:
+    """``--target`` as Triton's target name; an unknown one is refused, not matched against nothing."""
+    from ..jit.targets import resolve_target
+
+    return resolve_target(args.target).name if args.target else None
+
+
+def cmd_list(args) -> int:
+    from ..jit.inspection import list_variants
+
+    cache_dir = _cache_dir(args)
+    rows = list_variants(cache_dir, target=_target_name(args), kernel=args.kernel)
     if args.json:
         print(json.dumps([public_entry(r) for r in rows], indent=1))
         return 0
@@ -83,10 +98,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from ..jit.cache import resolve_cache_dir
     from ..jit.inspection import find_variant, variant_ir
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = _cache_dir(args)
     entry = find_variant(cache_dir, args.variant)
     if args.ir:
         print(variant_ir(cache_dir, entry, args.ir))
@@ -111,10 +125,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_du(args) -> int:
-    from ..jit.cache import resolve_cache_dir
     from ..jit.cache.prune import disk_usage
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = _cache_dir(args)
     usage = disk_usage(cache_dir)
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir), **usage}, indent=1))
@@ -131,19 +144,20 @@ def cmd_du(args) -> int:
 
 @keyed_for
 def cmd_prune(args) -> int:
-    from ..jit.cache import manifests, resolve_cache_dir
+    from ..jit.cache import manifests
     from ..jit.cache.prune import prune_candidates, remove, used_hashes
     from ..jit.targets import TARGETS
 
     if not (args.unplanned or args.unused or args.other_environments):
         raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = _cache_dir(args)
+    target = _target_name(args)
     planned = None
     if args.unplanned:
-        names = [args.target] if args.target else [n for n in manifests(cache_dir) if n in TARGETS]
+        names = [target] if target else [n for n in manifests(cache_dir) if n in TARGETS]
         planned = {n: _planned_hashes(cache_dir, TARGETS[n], args.specs) for n in names}
     used = used_hashes(Path(args.unused)) if args.unused else None
-    doomed = prune_candidates(cache_dir, target=args.target, planned=planned, used=used,
+    doomed = prune_candidates(cache_dir, target=target, planned=planned, used=used,
                               other_environments=args.other_environments)
     if not args.dry_run:
         remove(cache_dir, doomed)

@@ -135,6 +135,9 @@ def cmd_check(args) -> int:
     from ..jit.check import check
 
     if args.trace:
+        if args.specs or args.engine_config or args.remote:
+            raise UsageError("--trace checks what a dispatch record launched against the cache: "
+                             "it takes no specs, --engine-config or --remote")
         return _check_trace(args)
     if args.remote:
         return _check_remote(args)

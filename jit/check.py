@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .c_launchers import missing_c_launchers
-from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, files_match_record
+from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint
 from .plan import Plan
@@ -72,7 +72,11 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
             report.unreadable.append({**summary, "why": str(e)})
             continue
         if files is None:
-            report.missing.append(summary)
+            stray = entry_path(cache_dir, variant.entry_dir)
+            if stray.exists() and not stray.is_dir():  # the entry's name taken by a file: warmup replaces it
+                report.corrupt.append(summary)
+            else:
+                report.missing.append(summary)
         elif not files_match_record(files, recorded.get(variant.cache_hash)):
             report.corrupt.append(summary)
         else:

@@ -61,5 +61,9 @@ def sass(cubin: Path) -> str:
     tool = cuobjdump()
     if tool is None:
         raise LookupError("cuobjdump is not shipped with this Triton: no SASS")
-    return subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, timeout=120,
-                          check=True).stdout
+    done = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise LookupError(f"{cubin}: cuobjdump cannot read it ({why}): a damaged entry; "
+                          "`tritonwarm check` finds it, `tritonwarm warmup` rebuilds it")
+    return done.stdout

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import inspect
 import itertools
+import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "t
 CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
 TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
+MAX_DIM = 2**62  # a fake tensor's sizes, strides and element count stay below it (torch's int64 math)
+_DIM_RANGE = "dimensions and strides are integers in [0, 2**62)"
 MAX_ENUMERATED_RANGE = 4096
 MAX_ROWS = 10_000  # the cross product of a spec's axes and groups, counted before anything is built
 MAX_INT_BITS = 256  # integers an expression may build (2**64 fits; 9**9**9 does not)
@@ -321,10 +324,13 @@ def _validate(template, row, loc: _Located):
         for dims in (template.shape, template.stride or []):
             for d in dims:
                 value = _validate(d, row, loc)
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_DIM:
                     where = d.where if isinstance(d, Expr) else None
-                    message = f"a dimension must be a non-negative integer, got {value!r}"
+                    message = f"{value!r} is not a dimension: {_DIM_RANGE}"
                     raise (d.error(message) if where else loc.error((), message))
+        shape = [_validate(d, row, loc) for d in template.shape]
+        if math.prod(shape) >= MAX_DIM:
+            raise loc.error((), f"a tensor of shape {shape} has 2**62 elements or more")
         _validate(template.aligned, row, loc)
         return None
     if isinstance(template, _DtypeArg):
@@ -360,9 +366,11 @@ def _dtype(value):
 def load_spec_file(path: str | Path) -> list[Spec]:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(path, None, "<file>", e.strerror or str(e)) from None
+    except UnicodeDecodeError as e:
+        raise SpecError(path, None, "<file>", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as e:
@@ -594,9 +602,12 @@ def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
                 _parse_template(aligned, path + ("aligned",), names, loc),
                 _parse_template(value.get("when", True), path + ("when",), names, loc),
             )
-            for i, s in enumerate(tensor.shape):
-                if not isinstance(s, (int, Expr)) or isinstance(s, bool):
-                    raise loc.error(path + ("tensor", i), f"a dimension must be an int or $expression, not {s!r}")
+            for field_name, dims in (("tensor", tensor.shape), ("stride", tensor.stride or [])):
+                for i, s in enumerate(dims):
+                    if not isinstance(s, (int, Expr)) or isinstance(s, bool):
+                        raise loc.error(path + (field_name, i), f"a dimension must be an int or $expression, not {s!r}")
+                    if isinstance(s, int) and not 0 <= s < MAX_DIM:
+                        raise loc.error(path + (field_name, i), f"{s} is not a dimension: {_DIM_RANGE}")
             if not isinstance(tensor.aligned, (bool, Expr)):
                 raise loc.error(path + ("aligned",), "must be true, false or a $expression")
             return tensor

@@ -190,9 +190,13 @@ def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict 
             return "cached", _details(target, files, None)  # another process compiled it meanwhile
         if files and recorded is None and _same_as_fresh_compile(variant, target, cache_dir, files, binary_only):
             return "verified", _details(target, files, None)
-        corrupt = files is not None
-        if corrupt:  # never let Triton load a damaged binary: remove the entry, then rebuild it
-            shutil.rmtree(entry_path(cache_dir, variant.entry_dir), ignore_errors=True)
+        folder = entry_path(cache_dir, variant.entry_dir)
+        stray = folder.exists() and not folder.is_dir()  # a file where the entry's folder belongs
+        corrupt = files is not None or stray
+        if stray:
+            folder.unlink()
+        elif corrupt:  # never let Triton load a damaged binary: remove the entry, then rebuild it
+            shutil.rmtree(folder, ignore_errors=True)
         t0 = time.perf_counter()
         compiled = compile_variant(variant, target, cache_dir, binary_only=binary_only)
         seconds = round(time.perf_counter() - t0, 4)

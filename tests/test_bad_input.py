@@ -465,7 +465,8 @@ def test_list_says_why_amd_targets_have_no_register_figures(tmp_path, capsys):
     from tritonwarm.jit.cache import Manifest
 
     entry = {"id": "abc", "target": "gfx942", "kernel": "k.rms_norm_kernel", "num_warps": 4, "num_stages": 2,
-             "args": {"n": "i32"}, "resources": {"shared": 16384}, "cache_hash": "ab" * 32}
+             "args": {"n": "i32"}, "resources": {"shared": 16384}, "cache_hash": "ab" * 32,
+             "entry_name": "rms_norm_kernel"}
     Manifest(tmp_path, "gfx942").update({"ab" * 32: entry})
     rc, out, err = run(capsys, "list", "--cache-dir", tmp_path)
     assert rc == 0, err

@@ -96,6 +96,13 @@ def _cases(good):
     row = next(iter(bad_file_name["targets"]["sm90"].values()))
     row["files"]["../../x.so"] = row["files"].pop(cubin.split("/")[1])
     bad_environments = {**_header(good), "environments": {"sm90": "not a fingerprint"}}
+
+    def bad_row(change):  # a row every install would copy into the manifest, and every listing read
+        header = _header(good)
+        rows = header["targets"]["sm90"]
+        [(cache_hash, row)] = rows.items()
+        rows[cache_hash] = change(row)
+        return _with_header(good, header)
     return {
         "absolute path": (good, [(_info("/tritonwarm-escaped", 3), b"bad")], "absolute path"),
         "dot-dot": (good, [(_info(f"{entry}/../../escaped", 3), b"bad")], "'..'"),
@@ -113,6 +120,10 @@ def _cases(good):
         "target name in header": (_with_header(good, bad_target), [], "not a target name"),
         "file name in header": (_with_header(good, bad_file_name), [], "not a cache file name"),
         "environments in header": (_with_header(good, bad_environments), [], "environments"),
+        "row without kernel": (bad_row(lambda r: {k: v for k, v in r.items() if k != "kernel"}), [], "kernel: missing"),
+        "row id not a string": (bad_row(lambda r: {**r, "id": None}), [], "id: None is not a string"),
+        "row args not a table": (bad_row(lambda r: {**r, "args": 1}), [], "args: 1 is not a table"),
+        "row of another target": (bad_row(lambda r: {**r, "target": "gfx942"}), [], "'gfx942' is filed under sm90"),
         "group naming other files": (
             [(n, json.dumps({"child_paths": {"x": "/etc/passwd"}}).encode() if "__grp__" in n else d) for n, d in good],
             [], "names other files"),
@@ -121,7 +132,8 @@ def _cases(good):
 
 CASES = ["absolute path", "dot-dot", "symlink", "hard link", "device", "fifo", "directory", "unlisted file",
          "manifest overwrite", "duplicate member", "hash differs", "missing member", "header not first",
-         "target name in header", "file name in header", "environments in header", "group naming other files"]
+         "target name in header", "file name in header", "environments in header", "row without kernel",
+         "row id not a string", "row args not a table", "row of another target", "group naming other files"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -34,14 +34,12 @@ from pathlib import Path
 from . import env
 from .layout import CacheError, entry_files, file_mode, file_sha256, variant_lock
 from .manifest import Manifest, files_match_record
+from .records import record_problem
 from .sources import PlanSources
 
 HEADER_NAME = "tritonwarm-bundle.json"
 BUNDLE_FORMAT = 1
-_ENTRY_DIR = re.compile(r"[A-Z2-7]{52}")  # base32 of a sha256, unpadded: Triton's entry folder
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 _TARGET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _BINARY_EXTS = ("cubin", "hsaco")  # with the metadata .json: all Triton's store_binary_only keeps
 
 
@@ -298,21 +296,13 @@ def _check_header(header, path: Path) -> None:
         if not isinstance(rows, dict):
             bad(f"targets.{target}", "not a table of rows")
         for cache_hash, row in rows.items():
-            where = f"targets.{target}.{str(cache_hash)[:16]}"
-            if not _SHA256.fullmatch(str(cache_hash)) or not isinstance(row, dict):
-                bad(where, "not a cache hash and its row")
-            entry_dir, entry_name, files = row.get("entry_dir"), row.get("entry_name"), row.get("files")
-            if entry_dir != _entry_dir_of(cache_hash):
-                bad(f"{where}.entry_dir", f"{entry_dir!r} is not the folder of that cache hash")
-            if not isinstance(entry_name, str) or not _FILE_NAME.fullmatch(_group_name(entry_name)):
-                bad(f"{where}.entry_name", f"{entry_name!r} is not a kernel name")
-            if not isinstance(files, dict) or not files:
-                bad(f"{where}.files", "missing")
-            for name, digest in files.items():
-                if not _FILE_NAME.fullmatch(str(name)) or name.startswith("__grp__"):
-                    bad(f"{where}.files", f"{name!r} is not a cache file name")
-                if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
-                    bad(f"{where}.files.{name}", "not a sha256")
+            problem = record_problem(cache_hash, row, files_required=True)  # as a manifest row, with its files
+            if problem:
+                bad(f"targets.{target}.{problem[0]}", problem[1])
+            where = f"targets.{target}.{cache_hash[:16]}"
+            entry_dir, entry_name, files = row["entry_dir"], row["entry_name"], row["files"]
+            if row["target"] != target:
+                bad(f"{where}.target", f"{row['target']!r} is filed under {target}")
             if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
                 bad(where, "the same entry appears twice with different files")
     environments = header.setdefault("environments", {})
@@ -320,12 +310,6 @@ def _check_header(header, path: Path) -> None:
             t in header["targets"] and isinstance(table, dict) and all(isinstance(fp, dict) for fp in table.values())
             for t, table in environments.items()):
         bad("environments", "not a table of fingerprints per target")
-
-
-def _entry_dir_of(cache_hash: str) -> str:
-    import base64
-
-    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
 def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable[bytes]], None]):

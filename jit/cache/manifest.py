@@ -18,6 +18,7 @@ from typing import Any
 from filelock import FileLock
 
 from .layout import LOCK_TIMEOUT_S, CacheError, disk_full, entry_dir_name, file_sha256, write_json_atomic
+from .records import record_problem
 
 MANIFEST_FORMAT = 1
 
@@ -52,8 +53,12 @@ class Manifest:
             raise ManifestDamaged(f"{self.path}: damaged manifest: not a tritonwarm manifest of format "
                                   f"{MANIFEST_FORMAT}; `tritonwarm warmup` rebuilds it")
         for cache_hash, entry in variants.items():
-            if isinstance(entry, dict):  # manifests written before entry_dir was recorded
+            if isinstance(entry, dict) and isinstance(cache_hash, str):  # written before entry_dir was recorded
                 entry.setdefault("entry_dir", entry_dir_name(cache_hash))
+            problem = record_problem(cache_hash, entry)
+            if problem:
+                raise ManifestDamaged(f"{self.path}: damaged manifest: variants.{problem[0]}: {problem[1]}; "
+                                      "`tritonwarm warmup` rebuilds it")
         return variants
 
     def set_aside_damaged(self) -> Path | None:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .env import current_fingerprint, differences, same_environment
-from .layout import variant_lock
+from .layout import entry_dir_name, entry_path, variant_lock
 from .manifest import Manifest, entry_fingerprint, manifests
 
 
@@ -86,8 +86,8 @@ def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dic
 def remove(cache_dir: Path, doomed: list[dict]) -> None:
     by_target: dict[str, list[str]] = defaultdict(list)
     for item in doomed:
-        with variant_lock(cache_dir, item["cache_hash"]):
-            shutil.rmtree(Path(cache_dir) / item["entry_dir"], ignore_errors=True)
+        with variant_lock(cache_dir, item["cache_hash"]):  # the folder the hash names, whatever a record says
+            shutil.rmtree(entry_path(cache_dir, entry_dir_name(item["cache_hash"])), ignore_errors=True)
         by_target[item["target"]].append(item["cache_hash"])
     for target, hashes in by_target.items():
         Manifest(cache_dir, target).update(remove=hashes)

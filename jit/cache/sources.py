@@ -29,12 +29,22 @@ class PlanSources:
         hashes installed from bundles]}``."""
         try:
             data = json.loads(self.path.read_text())
-            return {kind: [str(item) for item in data.get(kind, [])] for kind in KINDS}
         except FileNotFoundError:
             return {kind: [] for kind in KINDS}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{self.path}: unreadable record of what was warmed ({e}); remove it and warm again, "
-                             "or name the specs to keep: prune --unplanned SPEC...") from None
+        except (OSError, ValueError) as e:
+            raise self._unreadable(str(e)) from None
+        if not isinstance(data, dict):
+            raise self._unreadable("not a table")
+        for kind in KINDS:
+            items = data.get(kind, [])
+            if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+                raise self._unreadable(f"{kind}: not a list of names")
+        return {kind: list(data.get(kind, [])) for kind in KINDS}
+
+    def _unreadable(self, why: str) -> ValueError:
+        # prune --unplanned re-plans from this record: a damaged one must stop it, never read as "nothing"
+        return ValueError(f"{self.path}: unreadable record of what was warmed ({why}); remove it and warm "
+                          "again, or name the specs to keep: prune --unplanned SPEC...")
 
     def add(self, specs: list[str] = (), engine_configs: list[str] = (), installed: list[str] = ()) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
