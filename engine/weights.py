@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import struct
+import warnings
 from pathlib import Path
 
 import torch
@@ -98,22 +100,52 @@ def load_weights(path: str | Path, cfg: ModelConfig, dtype: torch.dtype, device)
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    """Every tensor of one safetensors file. A file that is not one is refused, naming it and what is
+    wrong; nothing is read outside its data section."""
+    path = Path(path)
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path}: not a safetensors file: {why}")
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read weights: {e.strerror or e}") from None
     (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_len])
+    if header_len > size - 8:
+        raise bad(f"a header of {header_len} bytes in a file of {size}")
+    try:
+        header = json.loads(data[8:8 + header_len])
+    except ValueError:
+        raise bad("the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a table")
     start = 8 + header_len
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _ST_DTYPES:
-            raise ValueError(f"{path}: {name}: unsupported dtype {info['dtype']}")
-        begin, end = info["data_offsets"]
+        if not isinstance(info, dict) or info.get("dtype") not in _ST_DTYPES:
+            raise bad(f"{name}: unsupported dtype {info.get('dtype') if isinstance(info, dict) else info!r}")
         dtype = _ST_DTYPES[info["dtype"]]
-        raw = torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=start + begin) \
-            if end > begin else torch.empty(0, dtype=torch.uint8, device="cpu")
-        out[name] = raw.view(dtype).reshape(info["shape"]).clone()
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            shape = [int(x) for x in info["shape"]]
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"{name}: malformed entry {str(info)[:80]}") from None
+        itemsize = dtype.itemsize
+        if not 0 <= begin <= end <= size - start or end - begin != math.prod(shape) * itemsize:
+            raise bad(f"{name}: data_offsets [{begin}, {end}] do not hold shape {shape} of {info['dtype']} "
+                      f"within the file")
+        with warnings.catch_warnings():  # the read-only mapping is copied at once: nothing writes to it
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            raw = torch.frombuffer(data, dtype=torch.uint8, count=end - begin, offset=start + begin) \
+                if end > begin else torch.empty(0, dtype=torch.uint8, device="cpu")
+        out[name] = raw.view(dtype).reshape(shape).clone()
     return out
 
 

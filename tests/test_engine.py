@@ -3,6 +3,7 @@ invariants, configs, weights files, metrics and the ``engine run`` command."""
 
 import dataclasses
 import json
+import struct
 
 import pytest
 import torch
@@ -167,6 +168,31 @@ def test_weights_load_from_safetensors(tmp_path):
     write_safetensors(tmp_path / "bad.safetensors", bad)
     with pytest.raises(ValueError, match="missing"):
         Engine(config, "reference", "cpu", weights_path=tmp_path / "bad.safetensors")
+
+
+def _safetensors(header, tail=b""):
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + tail
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"", "0 bytes, shorter than the 8-byte header length"),
+    (struct.pack("<Q", 10**12) + b"{}", "a header of 1000000000000 bytes in a file of 10"),
+    (struct.pack("<Q", 3) + b"abc", "the header is not JSON"),
+    (_safetensors([]), "the header is not a table"),
+    (_safetensors({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}, bytes(4)), "a: unsupported dtype 'Q9'"),
+    (_safetensors({"a": {"dtype": "F32", "shape": [1]}}, bytes(4)), "a: malformed entry"),
+    (_safetensors({"a": {"dtype": "F32", "shape": [100], "data_offsets": [0, 400]}}, bytes(8)),
+     "a: data_offsets [0, 400] do not hold shape [100] of F32 within the file"),
+], ids=["empty", "header past the end", "not json", "not a table", "dtype", "no offsets", "data past the end"])
+def test_a_file_that_is_not_safetensors_is_named_with_what_is_wrong(tmp_path, data, words):
+    from tritonwarm.engine.weights import read_safetensors
+
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as e:
+        read_safetensors(path)
+    assert str(e.value).startswith(f"{path}: not a safetensors file: {words}"), e.value
 
 
 
