@@ -1,6 +1,7 @@
 """MXFP4 / NVFP4 quantize: the integer-rounding kernel as it shipped first against the FP-adder and
-the FMA-lines roundings, bf16 pairs read or not, and a sweep of program size and warps, with the fraction of a device copy's bandwidth measured in the
-same run (bytes: input read + packed output + scales). Dequantize is timed once for reference.
+the FMA-lines roundings, bf16 pairs read or not, and a sweep of program size and warps, with the
+fraction of a device copy's bandwidth measured in the same run (bytes: input read + packed output +
+scales). Dequantize is timed once for reference.
 
     python bench/fp4_variants.py [--json PATH] [--k 7168] [--rows 4096 16]
 
@@ -154,8 +155,9 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
                 print(f"{fmt} {rows}x{k}: reference failed: {one_line(e)}")
                 ref = None
             for variant in VARIANTS:
-                case = {"op": f"{fmt}_quantize", "rows": rows, "k": k, "variant": variant.name, "rounding": variant.rounding,
-                        "elements": variant.elements, "num_warps": variant.warps, "bytes": nbytes}
+                case = {"op": f"{fmt}_quantize", "rows": rows, "k": k, "variant": variant.name,
+                        "rounding": variant.rounding, "elements": variant.elements, "num_warps": variant.warps,
+                        "bytes": nbytes}
                 try:
                     fn, out = _quantizer(fmt, variant, x, global_scale)
                     fn()

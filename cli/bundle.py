@@ -95,10 +95,14 @@ def _print(report, args, what: str) -> None:
 
 
 def cmd_create(args) -> int:
+    from ..jit.cache import check_cache_dir
     from ..jit.cache.bundle import create
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
+    note = check_cache_dir(cache_dir, for_writing=False)
+    if note:  # planning would store its plan there: a typo must not create a folder
+        raise ValueError(f"cache directory {cache_dir} {note}; warm it first")
     variants, problems = {}, []
     for target in targets:
         the_plan = sharded(shard, plan_with_engine(args, specs, target, cache_dir=cache_dir))

@@ -42,6 +42,23 @@ def add_engine_parser(subparsers) -> None:
     engine.set_defaults(func=lambda args: engine.print_help() or 2)
 
 
+def _check_paths(args) -> None:
+    """Before anything is served: the weights exist (a dry run reads none, but names the same files),
+    and the record and metrics files can be written where they are asked for."""
+    from pathlib import Path
+
+    if args.weights and not Path(args.weights).exists():
+        raise ValueError(f"--weights {args.weights}: no such file or directory")
+    for flag, name in (("--record", args.record), ("--metrics", args.metrics)):
+        if not name:
+            continue
+        path = Path(name)
+        if path.is_dir():
+            raise ValueError(f"{flag} {name}: is a directory; name a file")
+        if not path.parent.is_dir():
+            raise ValueError(f"{flag} {name}: {path.parent} is not a directory")
+
+
 def cmd_engine_run(args) -> int:
     from ..jit.monitor import JitPolicyError
     from .config import load_engine_config
@@ -52,6 +69,7 @@ def cmd_engine_run(args) -> int:
         raise ValueError("--dry-run and --target go together: a dry run traces for a named target")
     if args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--requests and --max-tokens must be at least 1")
+    _check_paths(args)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
     try:

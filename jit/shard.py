@@ -73,7 +73,10 @@ def recorded_seconds(path: str | Path) -> dict[str, float]:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"--shard-times {path}: unreadable ({e})") from None
-        tables = [data.get("variants", {})] if isinstance(data, dict) else []
+        if not isinstance(data, dict) or not isinstance(data.get("variants"), dict):
+            raise ValueError(f"--shard-times {path}: not a manifest (no table of variants); name a bundle "
+                             "or a cache's tritonwarm/manifest-<target>.json")
+        tables = [data["variants"]]
     else:
         tables = list(read_header(path)["targets"].values())
     times = {}

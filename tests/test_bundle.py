@@ -132,11 +132,18 @@ def test_bundle_is_reproducible_and_verify_names_environment_differences(tmp_pat
 
 
 def test_create_refuses_what_is_not_warmed(tmp_path, spec_file, capsys):
+    (tmp_path / "cold").mkdir()
     assert main(["bundle", "create", str(tmp_path / "x.tar.gz"), str(spec_file), "--target", "sm90",
                  "--cache-dir", str(tmp_path / "cold")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not warmed in" in err
     assert not (tmp_path / "x.tar.gz").exists()
+    # a cache directory that does not exist (a typo) is named, and not created
+    assert main(["bundle", "create", str(tmp_path / "x.tar.gz"), str(spec_file), "--target", "sm90",
+                 "--cache-dir", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cache directory {tmp_path / 'typo'} does not exist" in err, err
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "x.tar.gz").exists()
 
 
 def _install_in_child(bundle, served):

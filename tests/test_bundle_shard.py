@@ -152,6 +152,10 @@ def test_shard_plan_keeps_findings_and_reads_times(tmp_path):
     manifest = tmp_path / "manifest-sm90.json"
     manifest.write_text(json.dumps({"format": 1, "variants": {variants[0].cache_hash: {"compile_seconds": 3.5}}}))
     assert recorded_seconds(manifest) == {variants[0].cache_hash: 3.5}
+    fingerprint = tmp_path / "serving.json"  # the wrong file: refused, not read as no times at all
+    fingerprint.write_text(json.dumps({"format": 1, "triton": {}}))
+    with pytest.raises(ValueError, match="serving.json: not a manifest"):
+        recorded_seconds(fingerprint)
 
 
 @pytest.mark.slow

@@ -212,3 +212,21 @@ def test_engine_run_command_json_and_metrics(engine_cli, tmp_path, capsys):
         engine_cli(["engine", "run", "--dry-run"])
     with pytest.raises(ValueError, match="needs --mode triton"):
         engine_cli(["engine", "run", "--dry-run", "--target", "sm90", "--mode", "reference", "--jit-policy", "off"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--weights", "NOWHERE/w.safetensors"], "--weights NOWHERE/w.safetensors: no such file or directory"),
+    (["--dry-run", "--target", "sm90", "--weights", "NOWHERE/w.safetensors"], "no such file or directory"),
+    (["--record", "DIR"], "--record DIR: is a directory; name a file"),
+    (["--metrics", "FILE/m.prom"], "FILE is not a directory"),
+])
+def test_engine_run_refuses_unusable_paths_before_serving(engine_cli, tmp_path, monkeypatch, argv, words):
+    from tritonwarm.engine import runner
+
+    (tmp_path / "DIR").mkdir()
+    (tmp_path / "FILE").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "serve", lambda *a, **k: pytest.fail("served before refusing"))
+    with pytest.raises(ValueError) as e:
+        engine_cli(["engine", "run", "--mode", "reference", *argv])
+    assert words in str(e.value)

@@ -197,6 +197,12 @@ def test_refusals_are_one_line_and_compile_nothing(tmp_path, spec_file, env_json
     no_env = tmp_path / "env.json"
     no_env.write_text(json.dumps({**fp, "env": ["TRITON_DEFAULT_FP_FUSION"]}))
     assert "field env: not an object of strings" in _refused(capsys, *warm_args, "--for", str(no_env))
+    no_python = tmp_path / "python.json"
+    no_python.write_text(json.dumps({k: v for k, v in fp.items() if k != "python"}))
+    assert "field python: missing or not an object" in _refused(capsys, *warm_args, "--for", str(no_python))
+    no_suffix = tmp_path / "suffix.json"
+    no_suffix.write_text(json.dumps({**fp, "python": {"version": "3.12.3"}}))
+    assert "field python.ext_suffix: missing" in _refused(capsys, *warm_args, "--for", str(no_suffix))
     other_ptxas = tmp_path / "ptxas.json"
     other_ptxas.write_text(json.dumps({**fp, "backends": {**fp["backends"], "sm90": "ptxas release 11.8, V11.8.89"}}))
     assert "sm90's compiler backend is ptxas 11.8.89" in _refused(capsys, *warm_args, "--for", str(other_ptxas))

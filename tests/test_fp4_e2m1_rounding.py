@@ -122,7 +122,8 @@ def test_quantize_kernels_give_the_same_bytes_with_each_rounding(fmt, dtype):
             jit.launch(launch)
             outs.append((rounding, pairs, packed, scales))
     _, _, packed0, scales0 = outs[0]
-    differ = [(r, p) for r, p, packed, scales in outs if not (torch.equal(packed, packed0) and torch.equal(scales, scales0))]
+    differ = [(r, p) for r, p, packed, scales in outs
+              if not (torch.equal(packed, packed0) and torch.equal(scales, scales0))]
     assert not differ
 
 

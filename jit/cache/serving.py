@@ -63,9 +63,12 @@ def load_fingerprint(path: str | os.PathLike) -> dict:
         raise ServingEnvironmentError(f"{path}: field backends: not an object")
     if not isinstance(data.get("triton_sources", {}), dict):
         raise ServingEnvironmentError(f"{path}: field triton_sources: not an object")
-    if not isinstance(data.get("python", {}), dict):
-        raise ServingEnvironmentError(f"{path}: field python: not an object")
-    data.setdefault("python", {})
+    python = data.get("python")
+    if not isinstance(python, dict):
+        raise ServingEnvironmentError(f"{path}: field python: missing or not an object")
+    for name in ("version", "ext_suffix"):  # which Python's C launchers a warm-up may build
+        if not isinstance(python.get(name), str):
+            raise ServingEnvironmentError(f"{path}: field python.{name}: missing or not a string")
     return data
 
 
