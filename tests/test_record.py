@@ -77,3 +77,24 @@ def test_a_recorded_launch_replays_to_the_same_cache_entry(recorded_on, replayed
         add_bias_gelu(x, bias)
     assert len(rows) == 2
     assert {v.cache_hash for v in replayed.variants.values()} == {v.cache_hash for v in direct.variants.values()}
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"int": "i99", "div16": True}, "recorded integer class 'i99' (div16: True) is not one of i32, i64, u64"),
+    ({"ptr": "zz16", "aligned": True}, "recorded pointer type 'zz16' is not one of fp16"),
+])
+def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, words):
+    from tritonwarm.examples.thirdparty_ops import add_bias_gelu
+
+    x = torch.empty((7, 1024), dtype=torch.bfloat16, device="meta")
+    bias = torch.empty((1024,), dtype=torch.bfloat16, device="meta")
+    with capture(TARGETS["sm90"], all_kernels=True) as recorded:
+        add_bias_gelu(x, bias)
+    v = next(iter(recorded.variants.values()))
+    row = launch_row(v.specialization_data, v.jit_function, TARGETS["sm90"].gpu_target, v.key)
+    kind = next(iter(edit))
+    index = next(i for i, a in enumerate(row["call"]["args"]) if kind in a)
+    row["call"]["args"][index] = edit
+    with pytest.raises(ValueError) as e, capture(TARGETS["sm90"], all_kernels=True):
+        replay(row["kernel"], row["call"])
+    assert words in str(e.value)

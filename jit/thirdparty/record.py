@@ -107,11 +107,19 @@ def _passed_options(key: str | None) -> dict | None:
 
 
 def _fake_arg(spec: dict):
+    """The fake input of one recorded argument; a recorded class edited into one that does not exist
+    is named, with the classes that do."""
     if "ptr" in spec:
+        if spec["ptr"] not in _TORCH_DTYPES:
+            raise ValueError(f"recorded pointer type {spec['ptr']!r} is not one of {', '.join(_TORCH_DTYPES)}")
         size = _LARGE if spec.get("large") else 64
-        return fake_tensor((size,), _TORCH_DTYPES[spec["ptr"]], aligned=spec["aligned"])
+        return fake_tensor((size,), _TORCH_DTYPES[spec["ptr"]], aligned=bool(spec.get("aligned")))
     if "int" in spec:
-        return _INT_REPS[(spec["int"], spec["div16"])]
+        rep = _INT_REPS.get((spec["int"], spec.get("div16")))
+        if rep is None:
+            raise ValueError(f"recorded integer class {spec['int']!r} (div16: {spec.get('div16')!r}) is not one of "
+                             f"{', '.join(sorted({ty for ty, _ in _INT_REPS}))} with div16 true or false")
+        return rep
     if "float" in spec:
         return 1.5
     if "bool" in spec:
