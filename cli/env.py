@@ -73,7 +73,16 @@ def cmd_env(args) -> int:
 
     fp = fingerprint()
     if args.output:
-        write_json_atomic(Path(args.output), fp, indent=1)
+        out = Path(args.output)
+        if out.is_dir():
+            raise ValueError(f"-o {out}: is a directory; name a file")
+        if not out.parent.is_dir():
+            raise ValueError(f"-o {out}: {out.parent} is not a directory")
+        if out.exists() and not out.is_file():  # /dev/stdout, a pipe: written to, never replaced
+            with open(out, "w") as f:
+                f.write(json.dumps(fp, indent=1) + "\n")
+        else:  # a link is followed: its target is replaced, the link stays
+            write_json_atomic(out.resolve(), fp, indent=1)
     if args.json:
         print(json.dumps(fp, indent=1))
     elif args.output:

@@ -14,6 +14,7 @@ import sys
 # engine.ops.OPS (tested equal) so that building it imports neither torch nor Triton.
 POLICIES = ("off", "warn", "error")
 MODES = ("reference", "triton")
+MAX_REQUESTS = 100_000
 
 
 def add_engine_parser(subparsers) -> None:
@@ -69,6 +70,9 @@ def cmd_engine_run(args) -> int:
         raise ValueError("--dry-run and --target go together: a dry run traces for a named target")
     if args.requests < 1 or args.max_tokens < 1:
         raise ValueError("--requests and --max-tokens must be at least 1")
+    if args.requests > MAX_REQUESTS:
+        raise ValueError(f"--requests {args.requests}: at most {MAX_REQUESTS} (a seeded test workload, "
+                         "generated up front)")
     _check_paths(args)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)

@@ -124,6 +124,10 @@ def _cases(good):
         "row id not a string": (bad_row(lambda r: {**r, "id": None}), [], "id: None is not a string"),
         "row args not a table": (bad_row(lambda r: {**r, "args": 1}), [], "args: 1 is not a table"),
         "row of another target": (bad_row(lambda r: {**r, "target": "gfx942"}), [], "'gfx942' is filed under sm90"),
+        "row of an unlisted environment": (bad_row(lambda r: {**r, "environment": "nope"}), [],
+                                           "'nope' is not in environments.sm90"),
+        "binary_only not a bool": (_with_header(good, {**_header(good), "binary_only": "yes"}), [],
+                                   "binary_only: 'yes' is not true or false"),
         "group naming other files": (
             [(n, json.dumps({"child_paths": {"x": "/etc/passwd"}}).encode() if "__grp__" in n else d) for n, d in good],
             [], "names other files"),
@@ -133,7 +137,8 @@ def _cases(good):
 CASES = ["absolute path", "dot-dot", "symlink", "hard link", "device", "fifo", "directory", "unlisted file",
          "manifest overwrite", "duplicate member", "hash differs", "missing member", "header not first",
          "target name in header", "file name in header", "environments in header", "row without kernel",
-         "row id not a string", "row args not a table", "row of another target", "group naming other files"]
+         "row id not a string", "row args not a table", "row of another target", "row of an unlisted environment",
+         "binary_only not a bool", "group naming other files"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -71,9 +71,9 @@ def test_prune_never_removes_a_folder_a_damaged_row_names(tmp_path, cache, capsy
     victim.mkdir()
     (victim / "keep").write_text("precious")
     entry_dir = str(victim) if entry_dir == "VICTIM" else entry_dir
+    record = tmp_path / "other-used.jsonl"
+    record.write_text(_record_line(cache, cache_hash="0" * 64))  # another entry used: this one is a candidate
     cache_hash = _damage_row(cache, lambda row: {**row, "entry_dir": entry_dir})
-    record = tmp_path / "never-used.jsonl"
-    record.write_text("")  # nothing was used: every entry is a candidate
     before = _snapshot(cache)
     line = one_error(capsys, "prune", "--unused", record, "--cache-dir", cache)
     assert f"damaged manifest: variants.{cache_hash[:16]}.entry_dir: {entry_dir!r} is not the folder" in line, line
@@ -203,3 +203,81 @@ def test_sass_of_a_damaged_cubin_says_so_in_one_line(cache, capsys):
     cubin.write_bytes(cubin.read_bytes()[:64])
     line = one_error(capsys, "show", row["id"], "--ir", "sass", "--cache-dir", cache)
     assert f"{cubin}: cuobjdump cannot read it" in line and "warmup` rebuilds it" in line, line
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda data, h: data["variants"][h].update(files={}), "files: missing"),
+    (lambda data, h: data["variants"][h].update(target="gfx942"), "target: 'gfx942' in the manifest of sm90"),
+    (lambda data, h: data.update(target="gfx942"), "damaged manifest: target: 'gfx942'"),
+    (lambda data, h: data["variants"].update(zz=data["variants"].pop(h)), "variants.'zz': not a cache hash"),
+])
+def test_a_row_that_would_hide_damage_or_land_elsewhere_is_a_damaged_manifest(warmed, cache, capsys, damage, words):
+    """An empty ``files`` would let a corrupt binary pass ``check``; a row of another target would list
+    one target's binary as another's; a key that is no hash names no folder."""
+    path = cache / "tritonwarm" / "manifest-sm90.json"
+    data = json.loads(path.read_text())
+    damage(data, next(iter(data["variants"])))
+    path.write_text(json.dumps(data))
+    line = one_error(capsys, "list", "--cache-dir", cache)
+    assert f"{path}: damaged manifest: " in line and words in line, line
+    capsys.readouterr()
+    assert main(["check", str(warmed / "rms.yaml"), "--target", "sm90", "--cache-dir", str(cache)]) == 1
+
+
+def _record_line(cache, **change):
+    [(cache_hash, row)] = Manifest(cache, "sm90").read().items()
+    line = {"kernel": row["kernel"], "target": "sm90", "variant": row["id"], "cache_hash": cache_hash, "hit": True,
+            "args": row["args"], "launches": 1}
+    return json.dumps({**line, **change}) + "\n"
+
+
+@pytest.mark.parametrize("text, words", [("", "is empty: no launch was recorded"),
+                                         ("TARGET", "line 1: unknown target 'sm99'")])
+def test_prune_unused_refuses_a_record_that_cannot_judge(tmp_path, cache, capsys, text, words):
+    record = tmp_path / "record.jsonl"
+    record.write_text(_record_line(cache, target="sm99") if text == "TARGET" else text)
+    before = _snapshot(cache)
+    line = one_error(capsys, "prune", "--unused", record, "--cache-dir", cache)
+    assert words in line, line
+    assert _snapshot(cache) == before
+
+
+def test_prune_unused_judges_only_the_targets_the_record_launched_on(tmp_path, warmed, cache, capsys):
+    warm(plan(load_specs([warmed / "rms.yaml"]), TARGETS["gfx942"]), cache)
+    record = tmp_path / "record.jsonl"
+    record.write_text(_record_line(cache, cache_hash="0" * 64))  # sm90 launched something else
+    capsys.readouterr()
+    assert main(["prune", "--unused", str(record), "--cache-dir", str(cache), "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["removed"]
+    assert [r["target"] for r in removed] == ["sm90"] and Manifest(cache, "gfx942").read()
+
+
+@pytest.mark.parametrize("kind", ["character device", "symbolic link"])
+def test_env_output_writes_through_a_device_or_link_and_never_replaces_it(tmp_path, capsys, kind):
+    import os
+    import stat
+
+    real = tmp_path / "real.json"
+    if kind == "character device":
+        out = tmp_path / "null"
+        try:
+            os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers
+        except PermissionError:
+            pytest.skip("creating a device node needs root")
+    else:
+        real.write_text("old")
+        out = tmp_path / "link.json"
+        out.symlink_to(real)
+    assert main(["env", "-o", str(out)]) == 0
+    if kind == "character device":
+        assert stat.S_ISCHR(os.stat(out).st_mode)
+    else:
+        assert out.is_symlink() and json.loads(real.read_text())["triton"]["version"]
+    assert one_error(capsys, "env", "-o", tmp_path).endswith(f"-o {tmp_path}: is a directory; name a file")
+
+
+def test_tune_refuses_a_file_as_the_cache(tmp_path, warmed, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("hi")
+    line = one_error(capsys, "tune", warmed / "rms.yaml", "--target", "sm90", "--cache-dir", a_file)
+    assert f"cache directory {a_file} is a file, not a directory" in line, line

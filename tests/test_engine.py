@@ -219,8 +219,9 @@ def test_engine_run_command_json_and_metrics(engine_cli, tmp_path, capsys):
     (["--dry-run", "--target", "sm90", "--weights", "NOWHERE/w.safetensors"], "no such file or directory"),
     (["--record", "DIR"], "--record DIR: is a directory; name a file"),
     (["--metrics", "FILE/m.prom"], "FILE is not a directory"),
+    (["--requests", "99999999999999999999"], "--requests 99999999999999999999: at most 100000"),
 ])
-def test_engine_run_refuses_unusable_paths_before_serving(engine_cli, tmp_path, monkeypatch, argv, words):
+def test_engine_run_refuses_bad_paths_and_counts_before_serving(engine_cli, tmp_path, monkeypatch, argv, words):
     from tritonwarm.engine import runner
 
     (tmp_path / "DIR").mkdir()

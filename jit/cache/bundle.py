@@ -305,11 +305,18 @@ def _check_header(header, path: Path) -> None:
                 bad(f"{where}.target", f"{row['target']!r} is filed under {target}")
             if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
                 bad(where, "the same entry appears twice with different files")
+    if not isinstance(header.setdefault("binary_only", False), bool):
+        bad("binary_only", f"{header['binary_only']!r} is not true or false")
     environments = header.setdefault("environments", {})
     if not isinstance(environments, dict) or not all(
             t in header["targets"] and isinstance(table, dict) and all(isinstance(fp, dict) for fp in table.values())
             for t, table in environments.items()):
         bad("environments", "not a table of fingerprints per target")
+    for target, rows in header["targets"].items():  # a row names the environment it was warmed under
+        for cache_hash, row in rows.items():
+            named = row.get("environment")
+            if named is not None and named not in environments.get(target, {}):
+                bad(f"targets.{target}.{cache_hash[:16]}.environment", f"{named!r} is not in environments.{target}")
 
 
 def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable[bytes]], None]):

@@ -18,7 +18,7 @@ from typing import Any
 from filelock import FileLock
 
 from .layout import LOCK_TIMEOUT_S, CacheError, disk_full, entry_dir_name, file_sha256, write_json_atomic
-from .records import record_problem
+from .records import SHA256, record_problem
 
 MANIFEST_FORMAT = 1
 
@@ -52,13 +52,20 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(variants, dict):
             raise ManifestDamaged(f"{self.path}: damaged manifest: not a tritonwarm manifest of format "
                                   f"{MANIFEST_FORMAT}; `tritonwarm warmup` rebuilds it")
+        def damaged(where: str, why: str) -> ManifestDamaged:
+            return ManifestDamaged(f"{self.path}: damaged manifest: {where}: {why}; `tritonwarm warmup` rebuilds it")
+
+        if data.get("target", self.target) != self.target:
+            raise damaged("target", f"{data['target']!r} in the manifest of {self.target}")
         for cache_hash, entry in variants.items():
-            if isinstance(entry, dict) and isinstance(cache_hash, str):  # written before entry_dir was recorded
-                entry.setdefault("entry_dir", entry_dir_name(cache_hash))
+            if isinstance(entry, dict) and SHA256.fullmatch(str(cache_hash)):  # written before entry_dir was
+                entry.setdefault("entry_dir", entry_dir_name(cache_hash))    # recorded
             problem = record_problem(cache_hash, entry)
             if problem:
-                raise ManifestDamaged(f"{self.path}: damaged manifest: variants.{problem[0]}: {problem[1]}; "
-                                      "`tritonwarm warmup` rebuilds it")
+                raise damaged(f"variants.{problem[0]}", problem[1])
+            if entry["target"] != self.target:
+                raise damaged(f"variants.{cache_hash[:16]}.target", f"{entry['target']!r} in the manifest of "
+                                                                    f"{self.target}")
         return variants
 
     def set_aside_damaged(self) -> Path | None:

@@ -44,12 +44,13 @@ def disk_usage(cache_dir: Path) -> dict:
 
 
 def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dict[str, set[str]] | None = None,
-                     used: set[str] | None = None, other_environments: bool = False,
+                     used: dict[str, set[str]] | None = None, other_environments: bool = False,
                      other_versions: bool = False) -> list[dict]:
     """Manifest entries to remove, each with the reason.
 
-    ``planned``: target → cache hashes some spec plans (entries outside it go); ``used``: cache
-    hashes a dispatch record saw (entries outside it go); ``other_environments`` (``other_versions``
+    ``planned``: target → cache hashes some spec plans (entries outside it go); ``used``: target →
+    cache hashes a dispatch record saw there (entries of those targets outside it go; a target the
+    record never launched on is not judged); ``other_environments`` (``other_versions``
     is its old name): entries warmed under another environment than the runtime's (another Triton
     version or libtriton, backend or cache-invalidating env): that runtime can never read them.
     A plan is computed for the runtime's environment, so it judges only that environment's entries:
@@ -68,7 +69,7 @@ def prune_candidates(cache_dir: Path, *, target: str | None = None, planned: dic
             if (planned is not None and name in planned and cache_hash not in planned[name]
                     and same_environment(warmed, runtime, name)):
                 reasons.append("no spec plans it")
-            if used is not None and cache_hash not in used:
+            if used is not None and name in used and cache_hash not in used[name]:
                 reasons.append("the dispatch record never used it")
             if other_environments:
                 if warmed["triton"].get("version") != runtime["triton"]["version"]:
@@ -93,8 +94,17 @@ def remove(cache_dir: Path, doomed: list[dict]) -> None:
         Manifest(cache_dir, target).update(remove=hashes)
 
 
-def used_hashes(record_path: Path) -> set[str]:
-    """Cache hashes a dispatch record (``engine run --record``) launched."""
+def used_hashes(record_path: Path) -> dict[str, set[str]]:
+    """Target → the cache hashes a dispatch record (``engine run --record``) launched there. A record
+    that holds no launch is refused: a server that died before writing it must not empty the cache."""
     from ..dispatch_record import read_record
+    from ..targets import TARGETS
 
-    return {line["cache_hash"] for line in read_record(record_path)}
+    used: dict[str, set[str]] = defaultdict(set)
+    for number, line in enumerate(read_record(record_path), 1):
+        if line["target"] not in TARGETS:
+            raise ValueError(f"{record_path}: line {number}: unknown target {line['target']!r}")
+        used[line["target"]].add(line["cache_hash"])
+    if not used:
+        raise ValueError(f"{record_path} is empty: no launch was recorded, so nothing can be judged unused")
+    return dict(used)

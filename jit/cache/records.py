@@ -51,7 +51,7 @@ def record_problem(cache_hash, record, *, files_required: bool = False) -> tuple
     if not FILE_NAME.fullmatch(record["entry_name"]):
         return f"{where}.entry_name", f"{record['entry_name'][:40]!r} is not a kernel name"
     files = record.get("files")
-    if files_required and not files:
+    if (files_required or "files" in record) and not files:  # rows written before files were hashed lack them
         return f"{where}.files", "missing"
     for name, digest in (files or {}).items():
         if not FILE_NAME.fullmatch(str(name)) or name.startswith("__grp__"):
