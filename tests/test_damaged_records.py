@@ -43,10 +43,6 @@ def _snapshot(root):
             for p in sorted(root.rglob("*")) if ".lock" not in p.name and "locks" not in p.parts}
 
 
-def _entries(cache):
-    return [p for p in cache.iterdir() if p.is_dir() and p.name != "tritonwarm"]
-
-
 def _damage_row(cache, change):
     path = cache / "tritonwarm" / "manifest-sm90.json"
     data = json.loads(path.read_text())
@@ -134,7 +130,8 @@ def test_a_row_of_the_wrong_shape_is_a_damaged_manifest_warmup_rebuilds(warmed, 
 
 @pytest.mark.slow
 def test_an_entry_folder_taken_by_a_file_is_corrupt_and_warmup_replaces_it(warmed, cache, capsys):
-    [entry] = _entries(cache)
+    [row] = Manifest(cache, "sm90").read().values()  # (Triton 3.6 also keeps its C launchers' folders there)
+    entry = cache / row["entry_dir"]
     shutil.rmtree(entry)
     entry.write_text("x")
     spec = warmed / "rms.yaml"
