@@ -12,7 +12,9 @@ from .common import (
     add_cache_args,
     format_args,
     public_entry,
+    read_cache_dir,
     short_kernel,
+    target_name,
 )
 from .env import add_for_args, keyed_for
 
@@ -55,27 +57,11 @@ def add_parsers(sub) -> None:
     t.set_defaults(func=cmd_targets)
 
 
-def _cache_dir(args) -> Path:
-    """The cache these commands read, refused in one line where it is a file or lies under one."""
-    from ..jit.cache import check_cache_dir, resolve_cache_dir
-
-    cache_dir = resolve_cache_dir(args.cache_dir)
-    check_cache_dir(cache_dir, for_writing=False)
-    return cache_dir
-
-
-def _target_name(args) -> str | None:
-    """``--target`` as Triton's target name; an unknown one is refused, not matched against nothing."""
-    from ..jit.targets import resolve_target
-
-    return resolve_target(args.target).name if args.target else None
-
-
 def cmd_list(args) -> int:
     from ..jit.inspection import list_variants
 
-    cache_dir = _cache_dir(args)
-    rows = list_variants(cache_dir, target=_target_name(args), kernel=args.kernel)
+    cache_dir = read_cache_dir(args)
+    rows = list_variants(cache_dir, target=target_name(args), kernel=args.kernel)
     if args.json:
         print(json.dumps([public_entry(r) for r in rows], indent=1))
         return 0
@@ -100,7 +86,7 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     from ..jit.inspection import find_variant, variant_ir
 
-    cache_dir = _cache_dir(args)
+    cache_dir = read_cache_dir(args)
     entry = find_variant(cache_dir, args.variant)
     if args.ir:
         print(variant_ir(cache_dir, entry, args.ir))
@@ -127,7 +113,7 @@ def cmd_show(args) -> int:
 def cmd_du(args) -> int:
     from ..jit.cache.prune import disk_usage
 
-    cache_dir = _cache_dir(args)
+    cache_dir = read_cache_dir(args)
     usage = disk_usage(cache_dir)
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir), **usage}, indent=1))
@@ -150,8 +136,8 @@ def cmd_prune(args) -> int:
 
     if not (args.unplanned or args.unused or args.other_environments):
         raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
-    cache_dir = _cache_dir(args)
-    target = _target_name(args)
+    cache_dir = read_cache_dir(args)
+    target = target_name(args)
     planned = None
     if args.unplanned:
         names = [target] if target else [n for n in manifests(cache_dir) if n in TARGETS]

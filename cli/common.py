@@ -19,6 +19,23 @@ def add_cache_args(p):
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+def read_cache_dir(args) -> Path:
+    """The cache a reading command uses, refused in one line where it is a file or lies under one."""
+    from ..jit.cache import check_cache_dir, resolve_cache_dir
+
+    cache_dir = resolve_cache_dir(args.cache_dir)
+    check_cache_dir(cache_dir, for_writing=False)
+    return cache_dir
+
+
+def target_name(args) -> str | None:
+    """``--target`` as Triton's target name, None when not given; an unknown one is refused, not
+    matched against nothing."""
+    from ..jit.targets import resolve_target
+
+    return resolve_target(args.target).name if args.target else None
+
+
 def add_spec_args(p):
     p.add_argument("specs", nargs="*", metavar="SPEC_OR_DIR",
                    help="YAML specs or directories of them (default: the shipped warmup_specs/, unless "

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import UsageError
+from .common import UsageError, target_name
 
 _BOOTSTRAP = '''\
 """Installs tritonwarm's recorder in every Python process of the recorded command."""
@@ -45,13 +45,13 @@ def add_parsers(sub) -> None:
 
 
 def cmd_record(args) -> int:
-    from ..jit.targets import local_target, resolve_target
+    from ..jit.targets import local_target
     from ..jit.thirdparty.record import OUT_ENV, TARGET_ENV, read_record, write_plan
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError("record: nothing to run: give the command after --, e.g. -- python prog.py")
-    target = resolve_target(args.target).name if args.target else None
+    target = target_name(args)
     if target is None and local_target() is None:
         raise UsageError("record: no GPU on this machine: pass --target T for a dry run on meta tensors")
     output = Path(args.output)

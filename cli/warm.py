@@ -18,7 +18,9 @@ from .common import (
     plan_with_engine,
     prepare,
     progress_bar,
+    read_cache_dir,
     short_kernel,
+    target_name,
 )
 from .env import add_for_args, keyed_for
 
@@ -191,12 +193,9 @@ def cmd_check(args) -> int:
 
 def _check_trace(args) -> int:
     from ..engine.plan import check_trace, format_trace_report
-    from ..jit.cache import check_cache_dir, resolve_cache_dir
-    from ..jit.targets import resolve_target
 
-    target = resolve_target(args.target).name if args.target else None
-    cache_dir = resolve_cache_dir(args.cache_dir)
-    check_cache_dir(cache_dir, for_writing=False)  # a missing one: every launch reads as a miss
+    target = target_name(args)
+    cache_dir = read_cache_dir(args)  # a missing one: every launch reads as a miss
     report = check_trace(Path(args.trace), cache_dir, target)
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
