@@ -137,8 +137,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
             shape = [int(x) for x in info["shape"]]
         except (KeyError, TypeError, ValueError):
             raise bad(f"{name}: malformed entry {str(info)[:80]}") from None
-        itemsize = dtype.itemsize
-        if not 0 <= begin <= end <= size - start or end - begin != math.prod(shape) * itemsize:
+        if not 0 <= begin <= end <= size - start or end - begin != math.prod(shape) * dtype.itemsize:
             raise bad(f"{name}: data_offsets [{begin}, {end}] do not hold shape {shape} of {info['dtype']} "
                       f"within the file")
         with warnings.catch_warnings():  # the read-only mapping is copied at once: nothing writes to it

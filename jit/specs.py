@@ -321,14 +321,9 @@ def _validate(template, row, loc: _Located):
         if not _validate(template.when, row, loc):
             return None
         _validate_dtype(template.dtype, row, loc)
-        for dims in (template.shape, template.stride or []):
-            for d in dims:
-                value = _validate(d, row, loc)
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_DIM:
-                    where = d.where if isinstance(d, Expr) else None
-                    message = f"{value!r} is not a dimension: {_DIM_RANGE}"
-                    raise (d.error(message) if where else loc.error((), message))
-        shape = [_validate(d, row, loc) for d in template.shape]
+        shape = [_dimension(d, row, loc) for d in template.shape]
+        for d in template.stride or []:
+            _dimension(d, row, loc)
         if math.prod(shape) >= MAX_DIM:
             raise loc.error((), f"a tensor of shape {shape} has 2**62 elements or more")
         _validate(template.aligned, row, loc)
@@ -340,6 +335,15 @@ def _validate(template, row, loc: _Located):
     if isinstance(template, dict):
         return {k: _validate(v, row, loc) for k, v in template.items()}
     return template
+
+
+def _dimension(template, row, loc: _Located) -> int:
+    """A size or stride of one row, in [0, 2**62) or a ``SpecError`` naming the expression."""
+    value = _validate(template, row, loc)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_DIM:
+        message = f"{value!r} is not a dimension: {_DIM_RANGE}"
+        raise (template.error(message) if isinstance(template, Expr) and template.where else loc.error((), message))
+    return value
 
 
 def _validate_dtype(template, row, loc):

@@ -204,7 +204,7 @@ def test_sass_of_a_damaged_cubin_says_so_in_one_line(cache, capsys):
 
 @pytest.mark.parametrize("damage, words", [
     (lambda data, h: data["variants"][h].update(files={}), "files: missing"),
-    (lambda data, h: data["variants"][h].update(target="gfx942"), "target: 'gfx942' in the manifest of sm90"),
+    (lambda data, h: data["variants"][h].update(target="gfx942"), "target: 'gfx942' is filed under sm90"),
     (lambda data, h: data.update(target="gfx942"), "damaged manifest: target: 'gfx942'"),
     (lambda data, h: data["variants"].update(zz=data["variants"].pop(h)), "variants.'zz': not a cache hash"),
 ])

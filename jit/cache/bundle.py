@@ -289,22 +289,11 @@ def _check_header(header, path: Path) -> None:
         bad("format", f"not a tritonwarm bundle of format {BUNDLE_FORMAT}")
     if not isinstance(header.get("fingerprint"), dict) or not isinstance(header.get("targets"), dict):
         bad("fingerprint/targets", "missing")
-    dirs: dict[str, tuple] = {}
     for target, rows in header["targets"].items():
         if not isinstance(target, str) or not _TARGET.fullmatch(target):
             bad(f"targets.{target!r}", "not a target name")
         if not isinstance(rows, dict):
             bad(f"targets.{target}", "not a table of rows")
-        for cache_hash, row in rows.items():
-            problem = record_problem(cache_hash, row, files_required=True)  # as a manifest row, with its files
-            if problem:
-                bad(f"targets.{target}.{problem[0]}", problem[1])
-            where = f"targets.{target}.{cache_hash[:16]}"
-            entry_dir, entry_name, files = row["entry_dir"], row["entry_name"], row["files"]
-            if row["target"] != target:
-                bad(f"{where}.target", f"{row['target']!r} is filed under {target}")
-            if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
-                bad(where, "the same entry appears twice with different files")
     if not isinstance(header.setdefault("binary_only", False), bool):
         bad("binary_only", f"{header['binary_only']!r} is not true or false")
     environments = header.setdefault("environments", {})
@@ -312,11 +301,19 @@ def _check_header(header, path: Path) -> None:
             t in header["targets"] and isinstance(table, dict) and all(isinstance(fp, dict) for fp in table.values())
             for t, table in environments.items()):
         bad("environments", "not a table of fingerprints per target")
-    for target, rows in header["targets"].items():  # a row names the environment it was warmed under
+    dirs: dict[str, tuple] = {}
+    for target, rows in header["targets"].items():
         for cache_hash, row in rows.items():
-            named = row.get("environment")
+            problem = record_problem(cache_hash, row, target, files_required=True)  # a manifest row, with files
+            if problem:
+                bad(f"targets.{target}.{problem[0]}", problem[1])
+            where = f"targets.{target}.{cache_hash[:16]}"
+            named = row.get("environment")  # the environment it was warmed under, which the header carries
             if named is not None and named not in environments.get(target, {}):
-                bad(f"targets.{target}.{cache_hash[:16]}.environment", f"{named!r} is not in environments.{target}")
+                bad(f"{where}.environment", f"{named!r} is not in environments.{target}")
+            entry_dir, entry_name, files = row["entry_dir"], row["entry_name"], row["files"]
+            if dirs.setdefault(entry_dir, (entry_name, files)) != (entry_name, files):
+                bad(where, "the same entry appears twice with different files")
 
 
 def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable[bytes]], None]):

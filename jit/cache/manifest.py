@@ -60,12 +60,9 @@ class Manifest:
         for cache_hash, entry in variants.items():
             if isinstance(entry, dict) and SHA256.fullmatch(str(cache_hash)):  # written before entry_dir was
                 entry.setdefault("entry_dir", entry_dir_name(cache_hash))    # recorded
-            problem = record_problem(cache_hash, entry)
+            problem = record_problem(cache_hash, entry, self.target)
             if problem:
                 raise damaged(f"variants.{problem[0]}", problem[1])
-            if entry["target"] != self.target:
-                raise damaged(f"variants.{cache_hash[:16]}.target", f"{entry['target']!r} in the manifest of "
-                                                                    f"{self.target}")
         return variants
 
     def set_aside_damaged(self) -> Path | None:

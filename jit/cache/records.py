@@ -30,9 +30,9 @@ def _kind(types) -> str:
         names[0], names[0]) if len(names) == 1 else "a number"
 
 
-def record_problem(cache_hash, record, *, files_required: bool = False) -> tuple[str, str] | None:
-    """``(where, what is wrong)`` for the first field of ``record`` that cannot be trusted (where:
-    ``<hash>.<field>``); None when every field holds what a warm-up writes."""
+def record_problem(cache_hash, record, target: str, *, files_required: bool = False) -> tuple[str, str] | None:
+    """``(where, what is wrong)`` for the first field of ``record``, filed under ``target``, that
+    cannot be trusted (where: ``<hash>.<field>``); None when every field holds what a warm-up writes."""
     if not isinstance(cache_hash, str) or not SHA256.fullmatch(cache_hash):
         return repr(str(cache_hash)[:20]), "not a cache hash"
     where = cache_hash[:16]
@@ -46,6 +46,8 @@ def record_problem(cache_hash, record, *, files_required: bool = False) -> tuple
     for name, types in {**_REQUIRED, **_OPTIONAL}.items():
         if name in record and not isinstance(record[name], types):
             return f"{where}.{name}", f"{record[name]!r:.40} is not {_kind(types)}"
+    if record["target"] != target:
+        return f"{where}.target", f"{record['target']!r} is filed under {target}"
     if record.get("cache_hash", cache_hash) != cache_hash:
         return f"{where}.cache_hash", f"{record['cache_hash'][:16]!r}... is not the hash it is filed under"
     if not FILE_NAME.fullmatch(record["entry_name"]):
