@@ -19,9 +19,34 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..launchers.fused_moe import load_tile_table
+from ..launchers.moe_routing import SCORINGS, check_groups
+
 _POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
              "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_intermediate_size")
 _NON_NEGATIVE = ("num_shared_experts", "first_dense_layers", "intermediate_size")
+
+# What each annotation admits. A config file gives whatever YAML parsed (``2.5``, ``"x"``, ``1e30`` is a
+# string in YAML 1.1), and a wrong type must be named with its field, not fail later inside torch.
+_ADMITS = {
+    "int": ((int,), "an integer"),
+    "int | None": ((int, type(None)), "an integer or null"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str": ((str,), "a string"),
+    "str | None": ((str, type(None)), "a string or null"),
+}
+
+
+def _check_types(config) -> None:
+    """Every field with a plain annotation holds a value of that type (a bool is not an integer here)."""
+    for field in dataclasses.fields(config):
+        if field.type not in _ADMITS:
+            continue
+        value = getattr(config, field.name)
+        types, kind = _ADMITS[field.type]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ValueError(f"{field.name} must be {kind}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -53,13 +78,17 @@ class ModelConfig:
     rope_is_neox: bool = False  # DeepSeek rotates interleaved pairs (gpt-j style)
 
     def __post_init__(self):
+        _check_types(self)
         for name in _POSITIVE + _NON_NEGATIVE:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (name in _POSITIVE):
+            if value < (name in _POSITIVE):
                 kind = "a positive" if name in _POSITIVE else "a non-negative"
                 raise ValueError(f"{name} must be {kind} integer, got {value!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"{self.name}: top_k {self.top_k} > num_experts {self.num_experts}")
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}")
+        check_groups(self.num_experts, self.top_k, self.num_expert_group, self.topk_group, self.correction_bias)
         if self.first_dense_layers and not self.intermediate_size:
             raise ValueError(f"{self.name}: first_dense_layers needs intermediate_size")
 
@@ -102,6 +131,9 @@ class EngineConfig:
     cuda_graph_batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self):
+        _check_types(self)
+        if not isinstance(self.model, ModelConfig):
+            raise ValueError(f"model must be a ModelConfig, got {self.model!r}")
         for name in ("max_batch_size", "max_num_tokens", "block_size", "num_blocks", "max_model_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -113,6 +145,8 @@ class EngineConfig:
             raise ValueError(f"cuda_graph_batch_sizes {list(sizes)} must lie in 1..max_batch_size "
                              f"({self.max_batch_size})")
         object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
+        if self.moe_tile_configs is not None:
+            load_tile_table(self.moe_tile_configs)  # a bad table is named now, not at the first MoE layer
         if self.max_batch_size > self.max_num_tokens:
             raise ValueError("max_batch_size must not exceed max_num_tokens: every running request "
                              "decodes one token per step")
@@ -141,10 +175,18 @@ def load_engine_config(name_or_path: str | Path | EngineConfig) -> EngineConfig:
     if not path.is_file():
         raise ValueError(f"unknown engine config {str(name_or_path)!r}: a preset ({', '.join(ENGINES)}) "
                          "or a YAML/JSON file")
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the engine config: {e.strerror or e}") from None
+    except (ValueError, yaml.YAMLError) as e:  # not UTF-8, not JSON, not YAML
+        raise ValueError(f"{path}: not an engine config: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of engine config fields")
+    tiles = data.get("moe_tile_configs")
+    if isinstance(tiles, str):  # a relative table path is the config file's neighbour
+        data["moe_tile_configs"] = str(path.parent / tiles)
     return engine_config_from_dict(data, where=str(path))
 
 

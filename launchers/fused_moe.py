@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+import yaml
 
 from ..jit import JitKernel, Launch
 from ..jit.targets import active_gpu_target, target_from_gpu_target
@@ -70,29 +71,43 @@ class TileTable:
 def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
     """A JSON (vLLM's format) or YAML file of tile configs keyed by M; one-line errors name the field."""
     path = Path(path)
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
+    try:
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the tile table: {e.strerror or e}") from None
+    except ValueError as e:  # not UTF-8, not JSON (both are ValueErrors)
+        raise ValueError(f"{path}: not a tile table: {str(e).splitlines()[0]}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not a tile table: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a mapping of M to a tile config")
     entries = []
     for key, entry in data.items():
-        try:
-            m = int(key)
-        except ValueError:
-            raise ValueError(f"{path}: key {key!r}: not an integer M") from None
+        if isinstance(key, bool) or not str(key).isdigit() or int(key) < 1:
+            raise ValueError(f"{path}: key {key!r}: not a positive integer M")
+        m = int(key)
+        if any(m == seen for seen, _ in entries):
+            raise ValueError(f"{path}: key {key!r}: M {m} is given twice")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: {key}: expected a mapping of {', '.join(_FIELDS)}")
         missing = [f for f in _FIELDS if f not in entry]
         if missing:
             raise ValueError(f"{path}: {key}: missing {', '.join(missing)}")
-        config = TileConfig(*(int(entry[f]) for f in _FIELDS))
+        for field in _FIELDS:
+            value = entry[field]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: {key}: {field} must be a positive integer, got {value!r}")
+        config = TileConfig(*(entry[f] for f in _FIELDS))
         for name in ("block_m", "block_n", "block_k"):
             value = getattr(config, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{path}: {key}: {name} {value} must be a power of two >= 16 (tl.dot)")
+        if config.num_warps & (config.num_warps - 1):
+            raise ValueError(f"{path}: {key}: num_warps {config.num_warps} must be a power of two")
         entries.append((m, config))
     entries.sort(key=lambda e: e[0])
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))

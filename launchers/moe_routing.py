@@ -59,7 +59,7 @@ def moe_topk_routing(router_logits: torch.Tensor, top_k: int, scoring: str = "so
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k} must be in [1, {num_experts}]")
-    num_expert_group, topk_group = _check_groups(num_experts, top_k, num_expert_group, topk_group,
+    num_expert_group, topk_group = check_groups(num_experts, top_k, num_expert_group, topk_group,
                                                  correction_bias is not None)
     if correction_bias is not None:
         if correction_bias.shape != (num_experts,):
@@ -74,7 +74,7 @@ def moe_topk_routing(router_logits: torch.Tensor, top_k: int, scoring: str = "so
     return topk_weights, topk_ids
 
 
-def _check_groups(num_experts, top_k, num_expert_group, topk_group, has_bias) -> tuple[int, int]:
+def check_groups(num_experts, top_k, num_expert_group, topk_group, has_bias) -> tuple[int, int]:
     """Validate the grouping; no grouping is returned as one group (which keeps every expert)."""
     if (num_expert_group is None) != (topk_group is None):
         raise ValueError("num_expert_group and topk_group go together: give both or neither")

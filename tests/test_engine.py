@@ -4,6 +4,7 @@ invariants, configs, weights files, metrics and the ``engine run`` command."""
 import dataclasses
 import json
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,13 +147,57 @@ def test_config_files(tmp_path):
     ("model: {preset: tiny, num_shared_experts: -1}", "num_shared_experts must be a non-negative integer"),
     ("model: {hidden_size: 64}", "model: missing field(s) vocab_size"),
     ("model: {preset: tiny, top_k: 9}", "top_k 9 > num_experts 8"),
+    # YAML gives whatever was written: each wrong type is named with its field, before anything runs
+    ("model: tiny\nmax_batch_size: 2.5", "max_batch_size must be an integer, got 2.5"),
+    ("model: tiny\nnum_blocks: 1e30", "num_blocks must be an integer, got '1e30'"),  # a string in YAML 1.1
+    ("model: tiny\nmax_model_len: true", "max_model_len must be an integer, got True"),
+    ("model: tiny\nseed: x", "seed must be an integer, got 'x'"),
+    ("model: tiny\nmoe_tile_configs: 5", "moe_tile_configs must be a string or null, got 5"),
+    ("model: {preset: tiny, rms_norm_eps: x}", "model: rms_norm_eps must be a number, got 'x'"),
+    ("model: {preset: tiny, rope_is_neox: 3}", "model: rope_is_neox must be true or false, got 3"),
+    ("model: {preset: tiny, name: 5}", "model: name must be a string, got 5"),
+    ("model: {preset: tiny, num_expert_group: 2.0}", "num_expert_group must be an integer or null, got 2.0"),
+    # the router's settings are checked with the model, not at its first launch
+    ("model: {preset: tiny, scoring: foo}", "model: scoring must be one of softmax, sigmoid, got 'foo'"),
+    ("model: {preset: tiny, num_expert_group: 3}", "num_expert_group=3 must divide num_experts=8"),
+    ("model: {preset: tiny, topk_group: null}", "num_expert_group and topk_group go together"),
+    # the tile table: a relative path is the config file's neighbour, and a bad one is named now
+    ("model: tiny\nmoe_tile_configs: nope.json", "nope.json: cannot read the tile table: No such file"),
+    ("model: tiny\nmoe_tile_configs: table.json", "table.json: 1: num_warps 3 must be a power of two"),
+    ("x: [", "not an engine config: while parsing"),
 ])
 def test_bad_config_files_name_the_file_and_field(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_text(text + "\n")
+    (tmp_path / "table.json").write_text(json.dumps({"1": {
+        "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 3,
+        "num_stages": 2}}))
     with pytest.raises(ValueError) as error:
         load_engine_config(path)
     assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_relative_tile_table_is_the_config_files_neighbour(tmp_path, monkeypatch):
+    table = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1,
+                   "num_warps": 4, "num_stages": 2}}
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "tiles.json").write_text(json.dumps(table))
+    (tmp_path / "conf" / "engine.yaml").write_text("model: tiny\nmoe_tile_configs: tiles.json\n")
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    config = load_engine_config("conf/engine.yaml")
+    assert Path(config.moe_tile_configs).resolve() == (tmp_path / "conf" / "tiles.json").resolve()
+
+
+def test_config_files_that_cannot_be_read_are_named(tmp_path):
+    binary = tmp_path / "engine.yaml"
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match=f"^{binary}: not an engine config: 'utf-8' codec"):
+        load_engine_config(binary)
+    broken = tmp_path / "engine.json"
+    broken.write_text("{")
+    with pytest.raises(ValueError, match=f"^{broken}: not an engine config: Expecting"):
+        load_engine_config(broken)
 
 
 def test_weights_load_from_safetensors(tmp_path):

@@ -263,11 +263,20 @@ def test_nvfp4_shapes_are_checked():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"x": {}}, "not an integer M"),
+    ({"x": {}}, "key 'x': not a positive integer M"),
     ({"1": {"BLOCK_SIZE_M": 16}}, "missing BLOCK_SIZE_N"),
     ({"1": {"BLOCK_SIZE_M": 8, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
             "num_stages": 2}}, "block_m 8 must be a power of two"),
     ([], "expected a mapping"),
+    ({"1.5": {}}, "key '1.5': not a positive integer M"),
+    ({"0": {}}, "key '0': not a positive integer M"),
+    ({"1": 3}, "1: expected a mapping of BLOCK_SIZE_M"),
+    ({"1": {"BLOCK_SIZE_M": "16", "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
+            "num_stages": 2}}, "BLOCK_SIZE_M must be a positive integer, got '16'"),
+    ({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
+            "num_stages": 0}}, "num_stages must be a positive integer, got 0"),
+    ({"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 6,
+            "num_stages": 2}}, "num_warps 6 must be a power of two"),
 ])
 def test_bad_tile_tables_name_file_and_field(tmp_path, data, message):
     path = tmp_path / "bad.json"
@@ -275,6 +284,20 @@ def test_bad_tile_tables_name_file_and_field(tmp_path, data, message):
     with pytest.raises(ValueError, match=message) as info:
         load_tile_table(path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{", "not a tile table: Expecting property name"),
+    (b"\xff", "not a tile table: 'utf-8' codec"),
+    (None, "cannot read the tile table: No such file or directory"),
+])
+def test_unreadable_tile_tables_name_the_file(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as info:
+        load_tile_table(path)
+    assert str(info.value).startswith(f"{path}: ")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.json")), ids=lambda p: p.name)
