@@ -98,3 +98,19 @@ def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, w
     with pytest.raises(ValueError) as e, capture(TARGETS["sm90"], all_kernels=True):
         replay(row["kernel"], row["call"])
     assert words in str(e.value)
+
+
+def test_a_recorded_plan_names_a_backend_it_does_not_know():
+    from tritonwarm.examples.thirdparty_ops import add_bias_gelu
+
+    x = torch.empty((7, 1024), dtype=torch.bfloat16, device="meta")
+    bias = torch.empty((1024,), dtype=torch.bfloat16, device="meta")
+    with capture(TARGETS["sm90"], all_kernels=True) as recorded:
+        add_bias_gelu(x, bias)
+    v = next(iter(recorded.variants.values()))
+    row = launch_row(v.specialization_data, v.jit_function, TARGETS["sm90"].gpu_target, v.key)
+    assert row["call"]["backend"] == "cuda"
+    row["call"]["backend"] = "foo"
+    with pytest.raises(ValueError, match="recorded backend 'foo' is not one of cuda, hip"), \
+            capture(TARGETS["sm90"], all_kernels=True):
+        replay(row["kernel"], row["call"])

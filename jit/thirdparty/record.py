@@ -41,6 +41,7 @@ _INT_REPS = {("i32", True): 16, ("i32", False): 2, ("i64", True): 2**31 + 16, ("
 # Options a launch may set; everything else in Triton's options follows from the target.
 _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
                    "waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+_BACKENDS = ("cuda", "hip")  # the backends whose options a recorded launch may carry
 _LARGE = 2**31 + 16  # elements: past the 2 GiB pointer range the HIP backend specializes on
 
 
@@ -149,6 +150,8 @@ def replay(kernel: str, call: dict):
     options = dict(call.get("options", {}))
     active = driver.active
     backend = active.target.backend if isinstance(active, TargetOnlyDriver) else None
+    if call.get("backend", "cuda") not in _BACKENDS:
+        raise ValueError(f"recorded backend {call['backend']!r} is not one of {', '.join(_BACKENDS)}")
     if backend is not None and backend != call.get("backend", backend):  # another backend: its own defaults
         options = {k: v for k, v in options.items() if k in ("num_warps", "num_ctas", "num_stages")}
     args = [_fake_arg(a) for a in call["args"]]
