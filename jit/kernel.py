@@ -27,6 +27,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .dispatch import FastDispatch, LaunchMemo, current_device
+from .interpreter import interpreter_fixes
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
 
@@ -311,47 +312,10 @@ class _InterpreterWithHelpers:
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
-            with self._lock, _interpreted_helpers(self.interpreted.fn.__globals__), _interpreter_fixes():
+            with self._lock, _interpreted_helpers(self.interpreted.fn.__globals__), interpreter_fixes():
                 return self.interpreted[grid](*args, **kwargs)
 
         return run
-
-
-@contextlib.contextmanager
-def _interpreter_fixes():
-    """Two bugs of Triton's interpreter, fixed for the duration of an interpreted launch, so that
-    device code carries no interpreter-only branches:
-
-    - ``tl.dot`` on bf16 multiplies the raw uint16 bit patterns (NumPy has no bf16): widen to fp32
-      first (exact: the GPU's bf16 products are exact in its fp32 accumulator too);
-    - Triton 3.6 converts a tensor to a ``range()`` bound with ``int(array)``, which NumPy 2 rejects
-      for a one-element array: use the element (what Triton 3.9 does).
-    """
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    original_dot, original_tensor_patch = builder.create_dot, interpreter._patch_lang_tensor
-
-    def widen(handle):
-        if handle.dtype.scalar == tl.bfloat16:
-            bits = handle.data.view(np.uint16).astype(np.uint32) << 16
-            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-        return handle
-
-    def create_dot(self, a, b, d, *args, **kwargs):
-        return original_dot(self, widen(a), widen(b), d, *args, **kwargs)
-
-    def patch_lang_tensor(tensor, scope):
-        original_tensor_patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    builder.create_dot, interpreter._patch_lang_tensor = create_dot, patch_lang_tensor
-    try:
-        yield
-    finally:
-        builder.create_dot, interpreter._patch_lang_tensor = original_dot, original_tensor_patch
 
 
 @contextlib.contextmanager

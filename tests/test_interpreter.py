@@ -1,6 +1,6 @@
-"""CPU tensors run in Triton's interpreter with helper functions, and with two interpreter bugs
-fixed for the launch (bf16 tl.dot, a loaded value as a range() bound); compiling afterwards in the
-same process still works."""
+"""CPU tensors run in Triton's interpreter with helper functions, and with its bugs fixed for the
+launch (bf16 tl.dot, bf16 arithmetic and conversions, a loaded value as a range() bound); compiling
+afterwards in the same process still works."""
 
 import pytest
 import torch
@@ -55,3 +55,54 @@ def test_compiling_after_interpreting_in_one_process(compile_call):
     assert trace_call(TARGETS["gfx942"], dot_loop, fake_tensor((16, 32), torch.bfloat16),
                       fake_tensor((32, 16), torch.bfloat16), fake_tensor((1,), torch.int32),
                       fake_tensor((16, 16), torch.float32))
+
+
+@triton.jit
+def bf16_ops_kernel(a_ptr, b_ptr, c_ptr, f_ptr, out_ptr, cmp_ptr, widened_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    a, b, c = tl.load(a_ptr + i), tl.load(b_ptr + i), tl.load(c_ptr + i)
+    results = (a + b, a - b, a * b, a / b, tl.fma(a, b, c), tl.minimum(a, b), tl.maximum(a, b),
+               tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL), -a, tl.load(f_ptr + i).to(tl.bfloat16))
+    for k in tl.static_range(len(results)):
+        tl.store(out_ptr + k * N + i, results[k])
+    tl.store(cmp_ptr + i, (a < b).to(tl.int8))
+    tl.store(widened_ptr + i, a.to(tl.float32))
+
+
+bf16_ops = JitKernel(bf16_ops_kernel, lambda a, b, c, f, out, cmp, widened: Launch(
+    grid=(1,), args=(a, b, c, f, out, cmp, widened), constexprs={"N": a.numel()}))
+
+
+def test_bf16_arithmetic_rounds_once_as_the_gpu_does():
+    """The interpreter keeps bf16 as uint16 and computed on the bit patterns as integers (1.0 * 2**97
+    gave 0). Fixed, each op is the exact result rounded once to bf16 (to nearest even), which is what
+    torch's CPU bf16 ops give for one operation, on every bf16 value as ``a`` (NaN, inf, subnormals)."""
+    g = torch.Generator().manual_seed(3)
+    n = 1 << 16
+    a = torch.arange(n, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    b = torch.randint(-(1 << 15), 1 << 15, (n,), generator=g, dtype=torch.int16).view(torch.bfloat16)
+    c = torch.randint(-(1 << 15), 1 << 15, (n,), generator=g, dtype=torch.int16).view(torch.bfloat16)
+    # fp32 values for the conversion: ties, subnormals and NaN among them (every 7th: a bf16 tie)
+    f = (torch.randint(-(1 << 31), 1 << 31, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+         | torch.where(torch.arange(n) % 7 == 0, 0x8000, 0).to(torch.int32)).view(torch.float32)
+    out = torch.empty(10, n, dtype=torch.bfloat16)
+    cmp = torch.empty(n, dtype=torch.int8)
+    widened = torch.empty(n)
+    bf16_ops(a, b, c, f, out, cmp, widened)
+    fma = (a.double() * b.double() + c.double()).float().to(torch.bfloat16)
+    expected = (a + b, a - b, a * b, a / b, fma, torch.fmin(a, b), torch.fmax(a, b), torch.maximum(a, b), -a,
+                f.to(torch.bfloat16))
+    names = ("add", "sub", "mul", "div", "fma", "min", "max", "max keeping NaN", "neg", "fp32 to bf16")
+    # a signaling NaN: the GPU's min / max ignore it as any NaN (PTX), torch's CPU fmin does not
+    signaling = _signaling_nan(a) | _signaling_nan(b)
+    for name, got, want in zip(names, out, expected, strict=True):
+        keep = ~signaling if name in ("min", "max") else torch.ones(n, dtype=torch.bool)
+        got, want = got[keep], want[keep]
+        assert torch.equal(got.isnan(), want.isnan()), name
+        assert torch.equal(got[~want.isnan()].float(), want[~want.isnan()].float()), name
+    assert torch.equal(cmp.bool(), a < b)
+    assert torch.equal(widened.isnan(), a.isnan()) and torch.equal(widened[~a.isnan()], a.float()[~a.isnan()])
+
+
+def _signaling_nan(x: torch.Tensor) -> torch.Tensor:
+    return x.isnan() & ((x.view(torch.int16) & 0x40) == 0)
