@@ -138,6 +138,7 @@ class Capture(FakeLaunchSink):
             self._record(kernel, target, request)
 
     def _record(self, kernel: JitKernel | ForeignKernel, target: Target, request: dict) -> None:
+        _refuse_dtype_named_strings(kernel, request)
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
         if variant is None:
@@ -224,6 +225,26 @@ def _path(key):
 
 
 _HASHES: dict[tuple, str] = {}
+
+
+def _refuse_dtype_named_strings(kernel, request: dict) -> None:
+    """A string constexpr that names a Triton dtype ("bf16", "fp32") cannot be warmed faithfully.
+
+    Triton serializes a dtype constexpr as its name, so ``JITFunction.preload`` (what warm-up compiles
+    with) reads the string back as a ``tl.dtype``: a different kernel (``"bf16" == E2M1`` is then
+    false) compiled under the very cache hash the runtime computes for the string, which the runtime
+    would load without a word. Refused here, by name, while tracing.
+    """
+    import triton.language as tl
+
+    names = list(request["signature"])
+    for key, value in request["constants"].items():
+        if isinstance(value, str) and tl.dtype.is_dtype(value):
+            index = key[0] if isinstance(key, tuple) else key
+            name = names[index] if isinstance(index, int) and index < len(names) else index
+            raise ValueError(f"{kernel.name}: constexpr {name}={value!r} names a Triton dtype; Triton's "
+                             "preload (which warm-up compiles with) reads it back as that dtype, a different "
+                             "kernel under the same cache hash: use another string")
 
 
 def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, key: str) -> str:

@@ -7,11 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton import knobs
 from triton._C.libtriton import native_specialize_impl
-from tritonwarm.jit import TARGETS
+from tritonwarm.jit import TARGETS, JitKernel, Launch, trace_call
 from tritonwarm.jit.kernel import fake_launches
 from tritonwarm.jit.specialization import as_kernel_arg, cpu_twin, fake_tensor
 from tritonwarm.jit.specs import find_spec_files, load_specs
+from tritonwarm.jit.targets import target_driver
 from tritonwarm.jit.trace import Capture
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "warmup_specs"
@@ -93,3 +97,55 @@ def test_the_comparison_sees_a_fake_without_storage_size(shipped_specs, monkeypa
     for name, same in (("sm90", True), ("gfx942", False)):
         target = TARGETS[name]
         assert (_keys(spec, target, args, kwargs) == _keys(spec, target, cpu_twin(args), cpu_twin(kwargs))) == same
+
+
+@triton.jit
+def _mode_kernel(out_ptr, MODE: tl.constexpr):
+    if MODE == "bf16":
+        tl.store(out_ptr, 1)
+    else:
+        tl.store(out_ptr, 2)
+
+
+_mode = JitKernel(_mode_kernel, lambda out, mode: Launch(grid=(1,), args=(out,), constexprs={"MODE": mode}))
+
+
+def _compile_request(mode: str) -> dict:
+    """Triton's own compile request for ``_mode`` with MODE=mode on sm90 (nothing compiled)."""
+    seen = []
+
+    def hook(*, compile, **_):
+        seen.append(compile)
+        return True
+
+    with target_driver(TARGETS["sm90"]), knobs.runtime.scope():
+        knobs.runtime.jit_cache_hook = hook
+        _mode_kernel.run(torch.empty(1, dtype=torch.int32, device="meta"), MODE=mode, grid=(1,), warmup=True)
+    return seen[0]
+
+
+def test_preload_reads_a_dtype_named_string_back_as_a_dtype(tmp_path):
+    """The Triton fact behind the refusal below: the runtime compiles MODE="bf16" as the string, but
+    ``JITFunction.preload`` (what warm-up compiles from) gets a ``tl.dtype`` back: a different kernel
+    under the same cache hash, which the runtime would load."""
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+    from tritonwarm.jit.compile import triton_cache_dir
+
+    request = _compile_request("bf16")
+    target = TARGETS["sm90"]
+    with target_driver(target), triton_cache_dir(tmp_path / "runtime"):
+        source = ASTSource(_mode_kernel, request["signature"], request["constants"], request["configs"][0])
+        runtime = triton_compile(source, target=target.gpu_target)
+    with target_driver(target) as fake, triton_cache_dir(tmp_path / "warmup"):
+        preloaded = _mode_kernel.preload(request["specialization_data"])
+        _mode_kernel.device_caches.pop(fake.device, None)
+    assert runtime.hash == preloaded.hash
+    assert runtime.asm["ptx"] != preloaded.asm["ptx"]
+
+
+def test_a_dtype_named_string_constexpr_is_refused_while_tracing():
+    out = fake_tensor((1,), torch.int32)
+    with pytest.raises(ValueError, match=r"constexpr MODE='bf16' names a Triton dtype"):
+        trace_call(TARGETS["sm90"], _mode, out, "bf16")
+    assert trace_call(TARGETS["sm90"], _mode, out, "bf16_lines")  # any other string is warmed as it is
