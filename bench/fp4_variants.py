@@ -34,6 +34,7 @@ class Variant:
     warps: int
     why: str
     pairs: bool = False  # bf16: read element pairs as int32 (BF16_PAIRS), no tl.split packing
+    formats: tuple[str, ...] = ("mxfp4", "nvfp4")  # "bf16_lines" rounding: MXFP4 only (NVFP4 rounds in fp32)
 
 
 VARIANTS = [
@@ -50,6 +51,10 @@ VARIANTS = [
     Variant("lines-1024x2", "lines", 1024, 2, "FMA-lines rounding, int32 pair reads (shipped for bf16)", pairs=True),
     Variant("lines-1024x1", "lines", 1024, 1, "FMA-lines rounding, 32 elements per thread", pairs=True),
     Variant("lines-2048x2", "lines", 2048, 2, "FMA-lines rounding, 32 per thread, half the programs", pairs=True),
+    Variant("bf16-1024x2", "bf16_lines", 1024, 2, "FMA lines in bf16 (two elements per HFMA2)", pairs=True,
+            formats=("mxfp4",)),
+    Variant("bf16-1024x1", "bf16_lines", 1024, 1, "FMA lines in bf16, 32 elements per thread", pairs=True,
+            formats=("mxfp4",)),
     Variant("lines-1024x2-elements", "lines", 1024, 2, "FMA-lines rounding, per-element reads (fp16 / fp32's path)"),
 ]
 
@@ -154,7 +159,7 @@ def run(rows_list, k: int, device: str, timed: bool) -> dict:
             except Exception as e:  # noqa: BLE001 - one line, go on
                 print(f"{fmt} {rows}x{k}: reference failed: {one_line(e)}")
                 ref = None
-            for variant in VARIANTS:
+            for variant in (v for v in VARIANTS if fmt in v.formats):
                 case = {"op": f"{fmt}_quantize", "rows": rows, "k": k, "variant": variant.name,
                         "rounding": variant.rounding, "elements": variant.elements, "num_warps": variant.warps,
                         "bytes": nbytes}

@@ -119,6 +119,37 @@ def _e2m1_lines(magnitude, scale):
 
 
 @triton.jit
+def _bf16_constant(value: tl.constexpr):
+    """A bf16 constant (folded by the compiler); Triton 3.6's interpreter has no bf16 ``tl.full``."""
+    return tl.full((), value, tl.float32).to(tl.bfloat16)
+
+
+@triton.jit
+def _e2m1_lines_bf16(magnitude, scale, cap):
+    """``_e2m1_lines`` in bf16 arithmetic, for bf16 ``magnitude`` >= 0 and a power-of-two fp32
+    ``scale``: the code in bits 0-2 of the returned int16 (bits 3-6 zero, 7-15 not).
+
+    bf16 keeps fp32's exponent range, so ``magnitude * scale`` is exact inside each FMA and every
+    FMA rounds once, as in fp32. The addend is 64, where the bf16 ulp is 0.5: the same halved lines.
+    What changes is the instruction: LLVM and ptxas pair two bf16 FMAs into one HFMA2.BF16, so two
+    elements cost what one did. The multipliers are exact in bf16
+    (MXFP4's smallest, 2**-127, is a bf16 subnormal, which bf16 arithmetic keeps: it has no
+    flush-to-zero mode). Not for a product the caller rounded (NVFP4): bf16 would round it again.
+    ``cap`` is the bits of 67.5 (0x4287, the saturated code 7); those of 64.0 (0x4280) give code 0 to
+    every element, NaN and inf included, at no cost per element.
+    """
+    # bf16 addends: a Python float would be an fp32 operand (and an fp32 FMA) to Triton 3.6
+    below_two = tl.fma(magnitude, scale.to(tl.bfloat16), _bf16_constant(64.0))  # 64 + v: 2v codes
+    two_to_four = tl.fma(magnitude, (scale * 0.5).to(tl.bfloat16), _bf16_constant(65.0))  # 64 + (v+2)/2
+    from_four = tl.fma(magnitude, (scale * 0.25).to(tl.bfloat16), _bf16_constant(66.0))  # 64 + (v/2+4)/2
+    # The minimum on the bit patterns: the lines are positive, so their bits order as their values,
+    # NaN's above all (ignored, as a float minimum would); and Triton 3.6 would take a bf16 minimum
+    # in fp32, two unpaired instructions.
+    return tl.minimum(tl.minimum(below_two.to(tl.int16, bitcast=True), two_to_four.to(tl.int16, bitcast=True)),
+                      tl.minimum(from_four.to(tl.int16, bitcast=True), cap))
+
+
+@triton.jit
 def _e2m1_codes(values, E2M1: tl.constexpr):
     """Signed E2M1 codes of fp32 ``values`` (int32, 0..15) by the rounding E2M1 names: "lines"
     (``_e2m1_lines``), "adder" (``_minifloat_code_fast``) or "integer" (``_minifloat_code``); all
@@ -228,6 +259,35 @@ def _pair_bytes(words, low, high, scale, E2M1: tl.constexpr):
 
 
 @triton.jit
+def _mxfp4_quantize_bf16x2(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
+                           x_row_stride, packed_row_stride, scales_row_stride):
+    """mxfp4_quantize_kernel for bf16 with the FMA lines in bf16 (``E2M1="bf16_lines"``; not "bf16",
+    which Triton's preload would read back as a dtype): each int32 word is a pair of elements, and
+    the FMAs on the low (high) halves of two words pair into one HFMA2.BF16. Same codes and scales."""
+    pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
+    words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
+                    mask=group_ok[:, None], other=0)
+    magnitudes = words & 0x7FFF7FFF  # both elements' |.| in one instruction
+    low_bits = magnitudes.to(tl.int16)  # element 2i
+    high_bits = (magnitudes >> 16).to(tl.int16)  # element 2i + 1
+    # |max| as the integer max of the magnitudes' bits: exact, and NaN (above inf's bits) is kept
+    amax_exp = tl.maximum(tl.max(low_bits, axis=1), tl.max(high_bits, axis=1)).to(tl.int32) >> 7  # 255: inf / NaN
+    low, high = low_bits.to(tl.bfloat16, bitcast=True), high_bits.to(tl.bfloat16, bitcast=True)
+    non_finite = amax_exp == 255
+    scale_byte = tl.maximum(amax_exp - 2, 0)
+    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
+    cap = tl.where(non_finite, 0x4280, 0x4287).to(tl.int16)[:, None]  # bf16 64 / 67.5: non-finite: codes 0
+    codes = ((_e2m1_lines_bf16(low, inv_scale, cap) & 7).to(tl.int32)
+             | ((_e2m1_lines_bf16(high, inv_scale, cap) & 7).to(tl.int32) << 4))  # bits 0-2, 4-6
+    nonzero = codes + 0x77  # bit 3 (7) set iff the low (high) code is not 0: no negative zero
+    signs = ((words >> 12) & 0x08) | ((words >> 24) & 0x80)  # the elements' sign bits 15, 31 at 3, 7
+    packed = codes | (nonzero & signs)
+    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
+    tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])
+    tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
+
+
+@triton.jit
 def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
                                x_row_stride, packed_row_stride, scales_row_stride, E2M1: tl.constexpr):
     """mxfp4_quantize_kernel for bf16 read as element pairs (``_load_bf16_pairs``). Same codes and scales."""
@@ -257,6 +317,11 @@ def mxfp4_quantize_kernel(
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups
+    tl.static_assert(E2M1 != "bf16_lines" or BF16_PAIRS, "E2M1='bf16_lines' computes on bf16 pairs")
+    if BF16_PAIRS and E2M1 == "bf16_lines":
+        _mxfp4_quantize_bf16x2(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
+                               x_row_stride, packed_row_stride, scales_row_stride)
+        return
     if BF16_PAIRS:
         _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
                                    x_row_stride, packed_row_stride, scales_row_stride, E2M1)
@@ -318,6 +383,7 @@ def nvfp4_quantize_kernel(
     BF16_PAIRS: tl.constexpr = False,
 ):
     # Same tiling as mxfp4_quantize_kernel, with blocks of 16; BF16_PAIRS as there (pairs read as int32).
+    tl.static_assert(E2M1 != "bf16_lines", "NVFP4 rounds products in fp32: bf16_lines would round them twice")
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups

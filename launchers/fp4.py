@@ -27,10 +27,12 @@ _ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 1
 # setup paid over 16 elements) took the H200, 4096x7168 bf16 (bench/fp4_variants.py), from 28 % to
 # 49 % (mxfp4) / 44 % (nvfp4) of copy bandwidth; 1 warp was faster there (52 % / 47 %) but ~1 us
 # slower at 16 tokens, 4 warps the other way round. Now: the code is the minimum of three FMA lines
-# ("lines", kernels/fp4.py: _e2m1_lines), and bf16 input reads element pairs as int32 (BF16_PAIRS).
-# sm90 SASS per element, offline (bench/sass_count.py): mxfp4 25.5 -> 17.9, nvfp4 37.1 -> 28.1;
+# ("lines", kernels/fp4.py: _e2m1_lines), and bf16 input reads element pairs as int32 (BF16_PAIRS);
+# MXFP4 on bf16 pairs computes those lines in bf16 ("bf16_lines"), two elements per instruction.
+# sm90 SASS per element, offline (bench/sass_count.py): mxfp4 25.5 -> 15.4, nvfp4 37.1 -> 28.1;
 # not yet timed on a GPU.
-_QUANTIZE_CONSTEXPRS = dict(E2M1="lines")
+_E2M1 = "lines"
+_E2M1_MXFP4_BF16_PAIRS = "bf16_lines"  # NVFP4 rounds its products in fp32 first: bf16 would round again
 _QUANTIZE_WARPS = 2
 
 
@@ -57,9 +59,11 @@ def _bf16_pairs(x) -> bool:
 
 
 def mxfp4_quantize_launch(x, packed, scales) -> Launch | None:
+    pairs = _bf16_pairs(x)
     return _grid_launch(x.shape[0], x.shape[1] // MXFP4_BLOCK, MXFP4_BLOCK,
                         (x, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
-                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), **_QUANTIZE_CONSTEXPRS)
+                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=pairs,
+                        E2M1=_E2M1_MXFP4_BF16_PAIRS if pairs else _E2M1)
 
 
 def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
@@ -70,7 +74,7 @@ def mxfp4_dequantize_launch(packed, scales, out) -> Launch | None:
 def nvfp4_quantize_launch(x, global_scale, packed, scales) -> Launch | None:
     return _grid_launch(x.shape[0], x.shape[1] // NVFP4_BLOCK, NVFP4_BLOCK,
                         (x, global_scale, packed, scales, x.stride(0), packed.stride(0), scales.stride(0)),
-                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), **_QUANTIZE_CONSTEXPRS)
+                        num_warps=_QUANTIZE_WARPS, BF16_PAIRS=_bf16_pairs(x), E2M1=_E2M1)
 
 
 def nvfp4_dequantize_launch(packed, scales, global_scale, out) -> Launch | None:

@@ -11,7 +11,6 @@ import triton.language as tl
 from tritonwarm.jit import JitKernel, Launch
 from tritonwarm.kernels.fp4 import _e2m1_codes, _e2m1_lines, _minifloat_code, _minifloat_code_fast
 from tritonwarm.launchers.fp4 import (
-    _QUANTIZE_CONSTEXPRS,
     mxfp4_quantize_jit,
     mxfp4_quantize_launch,
     nvfp4_quantize_jit,
@@ -101,14 +100,15 @@ def test_lines_with_a_folded_scale_match_generic(exponent):
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_quantize_kernels_give_the_same_bytes_with_each_rounding(fmt, dtype):
-    assert _QUANTIZE_CONSTEXPRS["E2M1"] == "lines"  # what the launchers ship
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(3, 512, generator=g) * torch.pow(2.0, torch.randint(-20, 20, (3, 512), generator=g).float()))
     x = x.to(dtype)
     block = 32 if fmt == "mxfp4" else 16
     outs = []
-    for rounding in ("integer", "adder", "lines"):
+    for rounding in ("integer", "adder", "lines", "bf16_lines"):
         for pairs in (False, True) if dtype == torch.bfloat16 else (False,):
+            if rounding == "bf16_lines" and not (fmt == "mxfp4" and pairs):  # bf16 arithmetic: MXFP4's bf16 pairs
+                continue
             packed = torch.empty(3, 256, dtype=torch.uint8)
             scales = torch.empty(3, 512 // block, dtype=torch.uint8)
             if fmt == "mxfp4":
@@ -121,6 +121,7 @@ def test_quantize_kernels_give_the_same_bytes_with_each_rounding(fmt, dtype):
             launch.constexprs.update(E2M1=rounding, BF16_PAIRS=pairs)
             jit.launch(launch)
             outs.append((rounding, pairs, packed, scales))
+    assert any(r == "bf16_lines" for r, *_ in outs) == (fmt == "mxfp4" and dtype == torch.bfloat16)
     _, _, packed0, scales0 = outs[0]
     differ = [(r, p) for r, p, packed, scales in outs
               if not (torch.equal(packed, packed0) and torch.equal(scales, scales0))]
@@ -137,6 +138,24 @@ def test_quantize_binaries_keep_fp32_subnormals(compile_call, target):
 
     [(_, compiled)] = compile_call(target, mxfp4_quantize, fake_tensor((8, 4096), torch.bfloat16))
     if target == "sm90":
-        assert ".ftz" not in compiled.asm["ptx"]
+        ptx = compiled.asm["ptx"]
+        assert ".ftz" not in ptx
+        # the lines in bf16, two elements per instruction (bf16 arithmetic has no flush-to-zero mode)
+        assert "fma.rn.bf16x2" in ptx
     else:  # 3: fp32 denormals kept on input and output
         assert ".amdhsa_float_denorm_mode_32 3" in compiled.asm["amdgcn"]
+
+
+def test_bf16_arithmetic_is_refused_where_it_would_round_twice():
+    """NVFP4 rounds each product to fp32 first (as vLLM does): the bf16 lines would round it again.
+    And the bf16 lines compute on element pairs, which only the BF16_PAIRS reading gives."""
+    x = torch.ones(2, 64, dtype=torch.bfloat16)
+    packed = torch.empty(2, 32, dtype=torch.uint8)
+    launch = nvfp4_quantize_launch(x, torch.tensor(1.0), packed, torch.empty(2, 4, dtype=torch.uint8))
+    launch.constexprs["E2M1"] = "bf16_lines"
+    with pytest.raises(Exception, match="round them twice"):
+        nvfp4_quantize_jit.launch(launch)
+    launch = mxfp4_quantize_launch(x, packed, torch.empty(2, 2, dtype=torch.uint8))
+    launch.constexprs["BF16_PAIRS"] = False
+    with pytest.raises(Exception, match="computes on bf16 pairs"):
+        mxfp4_quantize_jit.launch(launch)

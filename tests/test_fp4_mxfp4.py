@@ -261,9 +261,10 @@ def test_warmup_spec_rows_launch_one_variant_per_dtype():
 
 
 @pytest.mark.parametrize("shift", [0, 7])
-def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_value(shift):
-    """The bf16 fast path (int32 pairs, the shipped rounding) against the per-element kernel with the
-    integer rounding, on every bf16 bit pattern
+@pytest.mark.parametrize("rounding", ["bf16_lines", "lines"])
+def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_value(shift, rounding):
+    """The bf16 fast path (int32 pairs; the FMA lines in bf16 as shipped, or in fp32) against the
+    per-element kernel with the integer rounding, on every bf16 bit pattern
     (NaN and inf blocks, subnormals, ties) in blocks mixed two ways."""
     from tritonwarm.launchers.fp4 import mxfp4_quantize_jit, mxfp4_quantize_launch
 
@@ -274,8 +275,9 @@ def test_bf16_pair_reading_gives_the_per_element_kernels_bytes_for_every_bf16_va
         packed = torch.empty(64, 512, dtype=torch.uint8)
         scales = torch.empty(64, 32, dtype=torch.uint8)
         launch = mxfp4_quantize_launch(x, packed, scales)
-        assert launch.constexprs["BF16_PAIRS"] is True  # what an aligned bf16 input gets
-        launch.constexprs["BF16_PAIRS"] = pairs
+        # what an aligned bf16 input gets
+        assert launch.constexprs["BF16_PAIRS"] is True and launch.constexprs["E2M1"] == "bf16_lines"
+        launch.constexprs.update(BF16_PAIRS=pairs, E2M1=rounding)
         if not pairs:  # the kernel as first shipped: per-element reads, integer rounding
             launch.constexprs["E2M1"] = "integer"
         mxfp4_quantize_jit.launch(launch)
