@@ -79,11 +79,8 @@ def test_a_recorded_launch_replays_to_the_same_cache_entry(recorded_on, replayed
     assert {v.cache_hash for v in replayed.variants.values()} == {v.cache_hash for v in direct.variants.values()}
 
 
-@pytest.mark.parametrize("edit, words", [
-    ({"int": "i99", "div16": True}, "recorded integer class 'i99' (div16: True) is not one of i32, i64, u64"),
-    ({"ptr": "zz16", "aligned": True}, "recorded pointer type 'zz16' is not one of fp16"),
-])
-def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, words):
+def _one_recorded_row() -> dict:
+    """One launch of ``add_bias_gelu`` on sm90 as ``tritonwarm record`` writes it into a plan."""
     from tritonwarm.examples.thirdparty_ops import add_bias_gelu
 
     x = torch.empty((7, 1024), dtype=torch.bfloat16, device="meta")
@@ -91,7 +88,15 @@ def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, w
     with capture(TARGETS["sm90"], all_kernels=True) as recorded:
         add_bias_gelu(x, bias)
     v = next(iter(recorded.variants.values()))
-    row = launch_row(v.specialization_data, v.jit_function, TARGETS["sm90"].gpu_target, v.key)
+    return launch_row(v.specialization_data, v.jit_function, TARGETS["sm90"].gpu_target, v.key)
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"int": "i99", "div16": True}, "recorded integer class 'i99' (div16: True) is not one of i32, i64, u64"),
+    ({"ptr": "zz16", "aligned": True}, "recorded pointer type 'zz16' is not one of fp16"),
+])
+def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, words):
+    row = _one_recorded_row()
     kind = next(iter(edit))
     index = next(i for i, a in enumerate(row["call"]["args"]) if kind in a)
     row["call"]["args"][index] = edit
@@ -101,14 +106,7 @@ def test_a_recorded_plan_edited_by_hand_names_the_class_it_does_not_know(edit, w
 
 
 def test_a_recorded_plan_names_a_backend_it_does_not_know():
-    from tritonwarm.examples.thirdparty_ops import add_bias_gelu
-
-    x = torch.empty((7, 1024), dtype=torch.bfloat16, device="meta")
-    bias = torch.empty((1024,), dtype=torch.bfloat16, device="meta")
-    with capture(TARGETS["sm90"], all_kernels=True) as recorded:
-        add_bias_gelu(x, bias)
-    v = next(iter(recorded.variants.values()))
-    row = launch_row(v.specialization_data, v.jit_function, TARGETS["sm90"].gpu_target, v.key)
+    row = _one_recorded_row()
     assert row["call"]["backend"] == "cuda"
     row["call"]["backend"] = "foo"
     with pytest.raises(ValueError, match="recorded backend 'foo' is not one of cuda, hip"), \
