@@ -277,10 +277,10 @@ def _mxfp4_quantize_bf16x2(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
     scale_byte = tl.maximum(amax_exp - 2, 0)
     inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
     cap = tl.where(non_finite, 0x4280, 0x4287).to(tl.int16)[:, None]  # bf16 64 / 67.5: non-finite: codes 0
-    codes = ((_e2m1_lines_bf16(low, inv_scale, cap) & 7).to(tl.int32)
-             | ((_e2m1_lines_bf16(high, inv_scale, cap) & 7).to(tl.int32) << 4))  # bits 0-2, 4-6
+    # the byte in 16-bit lanes, as the FMAs left them: two words' bytes per instruction
+    codes = (_e2m1_lines_bf16(low, inv_scale, cap) & 7) | ((_e2m1_lines_bf16(high, inv_scale, cap) & 7) << 4)
     nonzero = codes + 0x77  # bit 3 (7) set iff the low (high) code is not 0: no negative zero
-    signs = ((words >> 12) & 0x08) | ((words >> 24) & 0x80)  # the elements' sign bits 15, 31 at 3, 7
+    signs = ((words.to(tl.int16) >> 12) & 0x08) | (((words >> 16).to(tl.int16) >> 8) & 0x80)  # bits 15, 31 at 3, 7
     packed = codes | (nonzero & signs)
     scale_byte = tl.where(non_finite, 0xFF, scale_byte)
     tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])

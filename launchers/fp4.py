@@ -29,7 +29,7 @@ _ELEMENTS_PER_PROGRAM = 1024  # 8 elements per thread at 4 warps (dequantize), 1
 # slower at 16 tokens, 4 warps the other way round. Now: the code is the minimum of three FMA lines
 # ("lines", kernels/fp4.py: _e2m1_lines), and bf16 input reads element pairs as int32 (BF16_PAIRS);
 # MXFP4 on bf16 pairs computes those lines in bf16 ("bf16_lines"), two elements per instruction.
-# sm90 SASS per element, offline (bench/sass_count.py): mxfp4 25.5 -> 15.4, nvfp4 37.1 -> 28.1;
+# sm90 SASS per element, offline (bench/sass_count.py): mxfp4 25.5 -> 16.4, nvfp4 37.1 -> 28.1;
 # not yet timed on a GPU.
 _E2M1 = "lines"
 _E2M1_MXFP4_BF16_PAIRS = "bf16_lines"  # NVFP4 rounds its products in fp32 first: bf16 would round again
