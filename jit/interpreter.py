@@ -9,10 +9,11 @@ arithmetic then works on the bit patterns as integers. Here:
 - conversions between fp32 and bf16 round to nearest even and keep subnormals (the interpreter's
   own conversion rounds ties up and mishandles bf16 subnormals);
 - elementwise bf16 arithmetic (add, sub, mul, div, fma, neg, min / max, comparisons) computes on
-  the widened values and rounds the result to bf16 once, to nearest even, as the GPU's bf16
-  instructions do. The sum or product of two bf16 values is exact in fp64, so that rounding is
-  the only one; an fma is exact there too for the operands device code gives it (its addend and
-  product within 2**45 of each other), and rounds twice, harmlessly, beyond that;
+  the widened values and rounds the result to bf16, to nearest even, as the GPU's bf16 instructions
+  do. For add, sub, mul and div the fp64 (then fp32) result rounds to the bf16 the exact result
+  rounds to (an intermediate of at least 2p + 2 bits is innocuous for these); an fma is exact in
+  fp64 unless its product and addend are some 2**37 apart, and only then, when the larger is
+  exactly halfway between two bf16 values, can it break that tie the other way than the GPU;
 - Triton 3.6's minimum and maximum that ignore NaN propagated it (NumPy's minimum, not fmin);
 - Triton 3.6 converts a tensor to a ``range()`` bound with ``int(array)``, which NumPy 2 rejects
   for a one-element array: use the element (what Triton 3.9 does).
@@ -119,8 +120,10 @@ def interpreter_fixes():
     for predicate in _BF16_COMPARISONS:
         name = f"create_fcmp{predicate}"
         op = ops[predicate[1:]]
-        if predicate[0] == "U" and predicate != "UNE":  # unordered: true where either is NaN
+        if predicate[0] == "U":  # unordered: true where either is NaN
             op = (lambda o: lambda a, b: o(a, b) | np.isnan(a) | np.isnan(b))(op)
+        elif predicate == "ONE":  # ordered: false where either is NaN (NumPy's != is true there)
+            op = lambda a, b: np.not_equal(a, b) & ~np.isnan(a) & ~np.isnan(b)  # noqa: E731
         patch(name, comparison(op))
 
     def fma(original):

@@ -132,9 +132,9 @@ def _e2m1_lines_bf16(magnitude, scale, cap):
     bf16 keeps fp32's exponent range, so ``magnitude * scale`` is exact inside each FMA and every
     FMA rounds once, as in fp32. The addend is 64, where the bf16 ulp is 0.5: the same halved lines.
     What changes is the instruction: LLVM and ptxas pair two bf16 FMAs into one HFMA2.BF16, so two
-    elements cost what one did. The multipliers are exact in bf16
-    (MXFP4's smallest, 2**-127, is a bf16 subnormal, which bf16 arithmetic keeps: it has no
-    flush-to-zero mode). Not for a product the caller rounded (NVFP4): bf16 would round it again.
+    elements cost what one did. The multipliers are exact in bf16 (MXFP4's smallest, 2**-127, is a
+    bf16 subnormal, which bf16 arithmetic keeps: it has no flush-to-zero mode). Not for a product
+    the caller rounded (NVFP4): bf16 would round it again.
     ``cap`` is the bits of 67.5 (0x4287, the saturated code 7); those of 64.0 (0x4280) give code 0 to
     every element, NaN and inf included, at no cost per element.
     """
@@ -313,7 +313,8 @@ def mxfp4_quantize_kernel(
     BF16_PAIRS: tl.constexpr = False,
 ):
     # Program (row, chunk) quantizes GROUPS blocks of 32 of one row, loaded as a [GROUPS, 32] tile
-    # (contiguous rows: wide loads).
+    # (contiguous rows: wide loads). E2M1 names the rounding (``_e2m1_codes``), or "bf16_lines": the
+    # FMA lines in bf16, which need the pairs read (``_mxfp4_quantize_bf16x2``).
     row = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
     group_ok = group < n_groups

@@ -87,7 +87,7 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
         raise ValueError(f"{path}: expected a mapping of M to a tile config")
     entries = []
     for key, entry in data.items():
-        if isinstance(key, bool) or not str(key).isdigit() or int(key) < 1:
+        if isinstance(key, bool) or not (str(key).isascii() and str(key).isdigit()) or int(key) < 1:
             raise ValueError(f"{path}: key {key!r}: not a positive integer M")
         m = int(key)
         if any(m == seen for seen, _ in entries):

@@ -270,6 +270,7 @@ def test_nvfp4_shapes_are_checked():
     ([], "expected a mapping"),
     ({"1.5": {}}, "key '1.5': not a positive integer M"),
     ({"0": {}}, "key '0': not a positive integer M"),
+    ({"²": {}}, "key '²': not a positive integer M"),  # a digit to str.isdigit, not to int()
     ({"1": 3}, "1: expected a mapping of BLOCK_SIZE_M"),
     ({"1": {"BLOCK_SIZE_M": "16", "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1, "num_warps": 4,
             "num_stages": 2}}, "BLOCK_SIZE_M must be a positive integer, got '16'"),

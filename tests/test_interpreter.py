@@ -66,6 +66,9 @@ def bf16_ops_kernel(a_ptr, b_ptr, c_ptr, f_ptr, out_ptr, cmp_ptr, widened_ptr, N
     for k in tl.static_range(len(results)):
         tl.store(out_ptr + k * N + i, results[k])
     tl.store(cmp_ptr + i, (a < b).to(tl.int8))
+    tl.store(cmp_ptr + N + i, (a == b).to(tl.int8))
+    tl.store(cmp_ptr + 2 * N + i, (a != b).to(tl.int8))
+    tl.store(cmp_ptr + 3 * N + i, (a >= b).to(tl.int8))
     tl.store(widened_ptr + i, a.to(tl.float32))
 
 
@@ -86,7 +89,7 @@ def test_bf16_arithmetic_rounds_once_as_the_gpu_does():
     f = (torch.randint(-(1 << 31), 1 << 31, (n,), generator=g, dtype=torch.int64).to(torch.int32)
          | torch.where(torch.arange(n) % 7 == 0, 0x8000, 0).to(torch.int32)).view(torch.float32)
     out = torch.empty(10, n, dtype=torch.bfloat16)
-    cmp = torch.empty(n, dtype=torch.int8)
+    cmp = torch.empty(4, n, dtype=torch.int8)
     widened = torch.empty(n)
     bf16_ops(a, b, c, f, out, cmp, widened)
     fma = (a.double() * b.double() + c.double()).float().to(torch.bfloat16)
@@ -100,7 +103,8 @@ def test_bf16_arithmetic_rounds_once_as_the_gpu_does():
         got, want = got[keep], want[keep]
         assert torch.equal(got.isnan(), want.isnan()), name
         assert torch.equal(got[~want.isnan()].float(), want[~want.isnan()].float()), name
-    assert torch.equal(cmp.bool(), a < b)
+    for got, want in zip(cmp.bool(), (a < b, a == b, a != b, a >= b), strict=True):  # NaN: only != holds
+        assert torch.equal(got, want)
     assert torch.equal(widened.isnan(), a.isnan()) and torch.equal(widened[~a.isnan()], a.float()[~a.isnan()])
 
 
