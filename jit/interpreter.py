@@ -23,19 +23,21 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+import triton.language as tl
+
 _BF16_BINARY = {  # builder method -> NumPy op on the widened values
-    "create_fadd": "add", "create_fsub": "subtract", "create_fmul": "multiply", "create_fdiv": "divide",
-    "create_precise_divf": "divide", "create_minimumf": "minimum", "create_maximumf": "maximum",
-    "create_minnumf": "fmin", "create_maxnumf": "fmax",
+    "create_fadd": np.add, "create_fsub": np.subtract, "create_fmul": np.multiply, "create_fdiv": np.divide,
+    "create_precise_divf": np.divide, "create_minimumf": np.minimum, "create_maximumf": np.maximum,
 }
-_BF16_COMPARISONS = ("OLT", "OGT", "OLE", "OGE", "OEQ", "ONE", "ULT", "UGT", "ULE", "UGE", "UEQ", "UNE")
+# minimum / maximum that ignore NaN: for every float dtype (Triton 3.6's used NumPy's minimum)
+_NAN_IGNORING = {"create_minnumf": np.fmin, "create_maxnumf": np.fmax}
+_COMPARISONS = {"LT": np.less, "GT": np.greater, "LE": np.less_equal, "GE": np.greater_equal, "EQ": np.equal,
+                "NE": np.not_equal}
 
 
 def _widen(handle):
     """A bf16 handle as fp64 values (exact); any other handle unchanged."""
-    import numpy as np
-    import triton.language as tl
-
     if handle.dtype.scalar != tl.bfloat16:
         return handle.data
     with np.errstate(invalid="ignore"):  # a signaling NaN widens to a quiet one
@@ -44,15 +46,11 @@ def _widen(handle):
 
 def _bf16_as_fp32(bits):
     """bf16 bit patterns as the fp32 values they are (bit for bit: NaN payloads kept)."""
-    import numpy as np
-
     return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def _bf16(values):
     """fp64 values rounded to bf16 (to nearest even; NaN stays NaN) as the interpreter's bit patterns."""
-    import numpy as np
-
     with np.errstate(over="ignore", invalid="ignore"):  # beyond fp32: inf, as beyond bf16; NaN stays
         bits = values.astype(np.float32).view(np.uint32)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
@@ -60,16 +58,22 @@ def _bf16(values):
 
 
 def _is_bf16(*handles) -> bool:
-    import triton.language as tl
-
     return any(h.dtype.scalar == tl.bfloat16 for h in handles)
+
+
+def _comparison(predicate: str):
+    """The NumPy form of an LLVM float comparison (``OLT``, ``UNE``, ...) on widened values."""
+    op = _COMPARISONS[predicate[1:]]
+    if predicate[0] == "U":  # unordered: true where either is NaN
+        return lambda a, b: op(a, b) | np.isnan(a) | np.isnan(b)
+    if predicate == "ONE":  # ordered: false where either is NaN (NumPy's != is true there)
+        return lambda a, b: op(a, b) & ~np.isnan(a) & ~np.isnan(b)
+    return op  # NumPy's ordered comparisons are false on NaN already
 
 
 @contextlib.contextmanager
 def interpreter_fixes():
     """The fixes above, undone when the launch returns."""
-    import numpy as np
-    import triton.language as tl
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
@@ -78,7 +82,7 @@ def interpreter_fixes():
     def patch(name, make):  # make(original) -> the fixed method; a method this Triton lacks is left alone
         original = getattr(builder, name, None)
         if original is not None:
-            patched.setdefault(name, original)  # the first original is the one to put back
+            patched[name] = original
             setattr(builder, name, make(original))
 
     def widen_for_dot(handle):
@@ -89,21 +93,20 @@ def interpreter_fixes():
     patch("create_dot", lambda original: lambda self, a, b, d, *args, **kwargs: original(
         self, widen_for_dot(a), widen_for_dot(b), d, *args, **kwargs))
 
-    def binary(op):
+    def bf16(op, otherwise=None):  # bf16 operands: op on the widened values; else otherwise, or the original
         def make(original):
             def method(self, lhs, rhs):
                 if not _is_bf16(lhs, rhs):
-                    return original(self, lhs, rhs)
+                    return original(self, lhs, rhs) if otherwise is None else self.binary_op(lhs, rhs, otherwise)
                 with np.errstate(all="ignore"):  # inf - inf, 0 * inf: NaN, as on the GPU
                     return interpreter.TensorHandle(_bf16(op(_widen(lhs), _widen(rhs))), tl.bfloat16)
             return method
         return make
 
     for name, op in _BF16_BINARY.items():
-        patch(name, binary(getattr(np, op)))
-    for name, op in (("create_minnumf", np.fmin), ("create_maxnumf", np.fmax)):  # Triton 3.6: np.minimum
-        patch(name, lambda fixed, op=op: lambda self, lhs, rhs: (
-            fixed(self, lhs, rhs) if _is_bf16(lhs, rhs) else self.binary_op(lhs, rhs, op)))
+        patch(name, bf16(op))
+    for name, op in _NAN_IGNORING.items():
+        patch(name, bf16(op, otherwise=op))
 
     def comparison(op):
         def make(original):
@@ -115,16 +118,9 @@ def interpreter_fixes():
             return method
         return make
 
-    ops = {"LT": np.less, "GT": np.greater, "LE": np.less_equal, "GE": np.greater_equal, "EQ": np.equal,
-           "NE": np.not_equal}
-    for predicate in _BF16_COMPARISONS:
-        name = f"create_fcmp{predicate}"
-        op = ops[predicate[1:]]
-        if predicate[0] == "U":  # unordered: true where either is NaN
-            op = (lambda o: lambda a, b: o(a, b) | np.isnan(a) | np.isnan(b))(op)
-        elif predicate == "ONE":  # ordered: false where either is NaN (NumPy's != is true there)
-            op = lambda a, b: np.not_equal(a, b) & ~np.isnan(a) & ~np.isnan(b)  # noqa: E731
-        patch(name, comparison(op))
+    for ordering in "OU":
+        for predicate in _COMPARISONS:
+            patch(f"create_fcmp{ordering}{predicate}", comparison(_comparison(ordering + predicate)))
 
     def fma(original):
         def create_fma(self, x, y, z):
