@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
@@ -138,10 +139,10 @@ class Capture(FakeLaunchSink):
             self._record(kernel, target, request)
 
     def _record(self, kernel: JitKernel | ForeignKernel, target: Target, request: dict) -> None:
-        _refuse_dtype_named_strings(kernel, request)
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
         if variant is None:
+            _refuse_dtype_named_strings(kernel, request)  # once per variant, not on every launch of it
             variant = Variant(
                 kernel=kernel.name,
                 target=target.name,
@@ -235,8 +236,6 @@ def _refuse_dtype_named_strings(kernel, request: dict) -> None:
     false) compiled under the very cache hash the runtime computes for the string, which the runtime
     would load without a word. Refused here, by name, while tracing.
     """
-    import triton.language as tl
-
     names = list(request["signature"])
     for key, value in request["constants"].items():
         if isinstance(value, str) and tl.dtype.is_dtype(value):
