@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..errors import describe_error
 from ..launchers.fused_moe import load_tile_table
 from ..launchers.moe_routing import SCORINGS, check_groups
 
@@ -181,7 +182,7 @@ def load_engine_config(name_or_path: str | Path | EngineConfig) -> EngineConfig:
     except OSError as e:
         raise ValueError(f"{path}: cannot read the engine config: {e.strerror or e}") from None
     except (ValueError, yaml.YAMLError) as e:  # not UTF-8, not JSON, not YAML
-        raise ValueError(f"{path}: not an engine config: {' '.join(str(e).split())}") from None
+        raise ValueError(f"{path}: not an engine config: {describe_error(e)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of engine config fields")
     tiles = data.get("moe_tile_configs")

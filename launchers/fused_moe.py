@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..errors import describe_error
 from ..jit import JitKernel, Launch
 from ..jit.targets import active_gpu_target, target_from_gpu_target
 from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
@@ -79,10 +80,8 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
             data = json.loads(text)
     except OSError as e:
         raise ValueError(f"{path}: cannot read the tile table: {e.strerror or e}") from None
-    except ValueError as e:  # not UTF-8, not JSON (both are ValueErrors)
-        raise ValueError(f"{path}: not a tile table: {str(e).splitlines()[0]}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not a tile table: {' '.join(str(e).split())}") from None
+    except (ValueError, yaml.YAMLError) as e:  # not UTF-8, not JSON, not YAML
+        raise ValueError(f"{path}: not a tile table: {describe_error(e)}") from None
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a mapping of M to a tile config")
     entries = []
