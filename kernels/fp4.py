@@ -231,13 +231,32 @@ def _interleave(low, high, GROUPS: tl.constexpr, BLOCK: tl.constexpr):
 # --------------------------------------------------------------------------- MXFP4
 
 @triton.jit
+def _load_pair_words(x_ptr, row, x_row_stride, pair_cols, group_ok):
+    """bf16 element pairs (4-byte aligned rows) read as int32 words: element 2i in the low half."""
+    return tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
+                   mask=group_ok[:, None], other=0)
+
+
+@triton.jit
+def _e8m0_scale(amax_exp):
+    """MXFP4's block scale from the biased exponent of the block's |max| (255: inf / NaN): whether
+    the block is non-finite, the E8M0 byte to store (0xFF for a non-finite block) and the power of
+    two 2**-shared_exp that scales its elements."""
+    non_finite = amax_exp == 255
+    # scale byte = shared_exp + 127 = floor(log2(amax)) - 2 + 127, clamped below at 0 (2**-127).
+    scale_byte = tl.maximum(amax_exp - 2, 0)
+    # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
+    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
+    return non_finite, tl.where(non_finite, 0xFF, scale_byte), inv_scale
+
+
+@triton.jit
 def _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok):
     """A [groups, pairs] tile of bf16 element pairs (4-byte aligned rows) read as int32: the words,
     the fp32 values of the even and the odd elements (widening bf16 is a shift / a mask) and each
     block's |max| bits. The pair's two codes then make the output byte in place, with no
     ``tl.split`` (which went through shared memory)."""
-    words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
-                    mask=group_ok[:, None], other=0)
+    words = _load_pair_words(x_ptr, row, x_row_stride, pair_cols, group_ok)
     low = words << 16  # element 2i's fp32 bits
     high = words & -65536  # element 2i + 1's
     amax_bits = tl.max(tl.maximum(low & 0x7FFFFFFF, high & 0x7FFFFFFF), axis=1)
@@ -265,24 +284,21 @@ def _mxfp4_quantize_bf16x2(x_ptr, packed_ptr, scales_ptr, row, group, group_ok,
     which Triton's preload would read back as a dtype): each int32 word is a pair of elements, and
     the FMAs on the low (high) halves of two words pair into one HFMA2.BF16. Same codes and scales."""
     pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
-    words = tl.load((x_ptr + row * x_row_stride).to(tl.pointer_type(tl.int32)) + pair_cols,
-                    mask=group_ok[:, None], other=0)
+    words = _load_pair_words(x_ptr, row, x_row_stride, pair_cols, group_ok)
     magnitudes = words & 0x7FFF7FFF  # both elements' |.| in one instruction
     low_bits = magnitudes.to(tl.int16)  # element 2i
     high_bits = (magnitudes >> 16).to(tl.int16)  # element 2i + 1
     # |max| as the integer max of the magnitudes' bits: exact, and NaN (above inf's bits) is kept
     amax_exp = tl.maximum(tl.max(low_bits, axis=1), tl.max(high_bits, axis=1)).to(tl.int32) >> 7  # 255: inf / NaN
     low, high = low_bits.to(tl.bfloat16, bitcast=True), high_bits.to(tl.bfloat16, bitcast=True)
-    non_finite = amax_exp == 255
-    scale_byte = tl.maximum(amax_exp - 2, 0)
-    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
+    non_finite, scale_byte, inv_scale = _e8m0_scale(amax_exp)
     cap = tl.where(non_finite, 0x4280, 0x4287).to(tl.int16)[:, None]  # bf16 64 / 67.5: non-finite: codes 0
     # the byte in 16-bit lanes, as the FMAs left them: two words' bytes per instruction
-    codes = (_e2m1_lines_bf16(low, inv_scale, cap) & 7) | ((_e2m1_lines_bf16(high, inv_scale, cap) & 7) << 4)
+    codes = ((_e2m1_lines_bf16(low, inv_scale[:, None], cap) & 7)
+             | ((_e2m1_lines_bf16(high, inv_scale[:, None], cap) & 7) << 4))
     nonzero = codes + 0x77  # bit 3 (7) set iff the low (high) code is not 0: no negative zero
     signs = ((words.to(tl.int16) >> 12) & 0x08) | (((words >> 16).to(tl.int16) >> 8) & 0x80)  # bits 15, 31 at 3, 7
     packed = codes | (nonzero & signs)
-    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
     tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])
     tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
 
@@ -293,12 +309,8 @@ def _mxfp4_quantize_bf16_pairs(x_ptr, packed_ptr, scales_ptr, row, group, group_
     """mxfp4_quantize_kernel for bf16 read as element pairs (``_load_bf16_pairs``). Same codes and scales."""
     pair_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
     words, low, high, amax_bits = _load_bf16_pairs(x_ptr, row, x_row_stride, pair_cols, group_ok)
-    amax_exp = amax_bits >> 23
-    non_finite = amax_exp == 255
-    scale_byte = tl.maximum(amax_exp - 2, 0)
-    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)[:, None]
-    packed = tl.where(non_finite[:, None], 0, _pair_bytes(words, low, high, inv_scale, E2M1))
-    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
+    non_finite, scale_byte, inv_scale = _e8m0_scale(amax_bits >> 23)
+    packed = tl.where(non_finite[:, None], 0, _pair_bytes(words, low, high, inv_scale[:, None], E2M1))
     tl.store(packed_ptr + row * packed_row_stride + pair_cols, packed.to(tl.uint8), mask=group_ok[:, None])
     tl.store(scales_ptr + row * scales_row_stride + group, scale_byte.to(tl.uint8), mask=group_ok)
 
@@ -332,15 +344,10 @@ def mxfp4_quantize_kernel(
 
     # amax as the integer max of |x|'s bits: exact, and NaN (bits above inf's) cannot be dropped.
     amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
-    amax_exp = amax_bits >> 23  # biased: floor(log2(amax)) + 127 for normal amax; 255 for inf / NaN
-    non_finite = amax_exp == 255
-    # scale byte = shared_exp + 127 = floor(log2(amax)) - 2 + 127, clamped below at 0 (2**-127).
-    scale_byte = tl.maximum(amax_exp - 2, 0)
-    # 2**-shared_exp is a normal fp32 (biased exponent 254 - scale_byte in [2, 254]): exact scaling.
-    inv_scale = ((254 - tl.minimum(scale_byte, 252)) << 23).to(tl.float32, bitcast=True)
+    # biased exponent: floor(log2(amax)) + 127 for normal amax; 255 for inf / NaN
+    non_finite, scale_byte, inv_scale = _e8m0_scale(amax_bits >> 23)
     codes = _e2m1_codes(x * inv_scale[:, None], E2M1)
     codes = tl.where(non_finite[:, None], 0, codes)
-    scale_byte = tl.where(non_finite, 0xFF, scale_byte)
 
     packed_cols = group[:, None] * 16 + tl.arange(0, 16)[None, :]
     tl.store(packed_ptr + row * packed_row_stride + packed_cols, _pack_pairs(codes, GROUPS, 32), mask=group_ok[:, None])
