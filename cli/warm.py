@@ -169,6 +169,8 @@ def cmd_check(args) -> int:
                 print(f"  unreadable  {m['id']}  {short_kernel(m['kernel'])}  {m['why']}")
             for m in r.missing:
                 print(f"  missing  {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
+                if m.get("why"):
+                    print(f"           {m['why']}")
             for m in r.corrupt:
                 print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}")
             for other in r.other_environments:

@@ -17,6 +17,7 @@ from ..jit import Target, class_reps, resolve_target
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.check import check
 from ..jit.dispatch_record import read_record
+from ..jit.miss import WarmedNeighbours
 from ..jit.monitor import JitPolicyError
 from ..jit.plan import Plan, trace_rows
 from .config import EngineConfig, load_engine_config
@@ -140,12 +141,19 @@ def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | No
         raise ValueError(f"{record_path} is empty: no launch was recorded")
     launched = [line for line in lines if line["target"] == target]
     report = TraceReport(target, len(launched))
+    recorded = Manifest(Path(cache_dir), target).read()
+    neighbours = WarmedNeighbours.of_cache(cache_dir, target)
     for line in launched:
         if not line["hit"]:
+            if line["cache_hash"] in recorded and _present(Path(cache_dir), recorded[line["cache_hash"]]):
+                why = "in the cache now: warmed after this record was written"
+            else:
+                reason = neighbours.why(line)
+                why = reason.line if reason else None
             report.misses.append({"id": line["variant"], "kernel": line["kernel"], "args": line["args"],
-                                  "first": line.get("first"), "launches": line.get("launches", 0)})
+                                  "first": line.get("first"), "launches": line.get("launches", 0), "why": why})
     used = {line["cache_hash"] for line in launched}
-    for cache_hash, entry in sorted(Manifest(Path(cache_dir), target).read().items()):
+    for cache_hash, entry in sorted(recorded.items()):
         if cache_hash not in used and _present(Path(cache_dir), entry):
             report.unused.append({"id": entry["id"], "kernel": entry["kernel"], "rows": entry.get("rows", [])})
     return report
@@ -166,6 +174,8 @@ def format_trace_report(report: TraceReport) -> list[str]:
         where = f" first at step {first['step']} (batch={first['requests']}, tokens={first['tokens']})" if first else ""
         args = " ".join(f"{k}:{v}" for k, v in m["args"].items())
         lines.append(f"  miss    {m['id']}  {m['kernel'].rsplit('.', 1)[-1]}{where}  {args}")
+        if m.get("why"):
+            lines.append(f"          {m['why']}")
     for u in report.unused:
         lines.append(f"  unused  {u['id']}  {u['kernel'].rsplit('.', 1)[-1]}")
     return lines

@@ -16,6 +16,7 @@ from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint
+from .miss import FILES_GONE, OTHER_CODE, WarmedNeighbours
 from .plan import Plan
 
 
@@ -63,7 +64,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
         recorded = manifest.read()
     except ManifestDamaged as e:
         report.manifest_problem, recorded = str(e), {}
-    intact = []
+    intact, wanted = [], {}
     for variant in the_plan.variants.values():
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args, "rows": variant.rows}
         try:
@@ -77,6 +78,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
                 report.corrupt.append(summary)
             else:
                 report.missing.append(summary)
+                wanted[variant.variant_id] = variant.to_json()
         elif not files_match_record(files, recorded.get(variant.cache_hash)):
             report.corrupt.append(summary)
         else:
@@ -98,4 +100,31 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     if report.missing:
         for other in report.other_environments:
             report.reasons += [line for line in other["differences"] if line not in report.reasons]
+        _explain_missing(report, wanted, WarmedNeighbours(recorded, environments, runtime, target.name))
     return report
+
+
+def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours) -> None:
+    """Each missing variant's own reason (``why``), and one line in ``reasons`` for the two causes
+    that miss many variants at once: files removed, and a kernel's code that is not the warmed code."""
+    other_code: dict[str, int] = {}
+    gone = 0
+    for summary in report.missing:
+        reason = neighbours.why(wanted[summary["id"]])
+        if reason is None:
+            continue
+        summary["why"] = reason.line
+        gone += reason.kind == FILES_GONE
+        if reason.kind == OTHER_CODE:
+            other_code[summary["kernel"]] = other_code.get(summary["kernel"], 0) + 1
+    if gone:
+        report.reasons.append(f"{_variants(gone)} recorded as warmed, but the files are gone (removed since "
+                              "the warm-up): warm up again")
+    for kernel, count in other_code.items():
+        report.reasons.append(f"{kernel}: {_variants(count)} cached for Triton's same keys under other hashes: "
+                              "the kernel's code is not the code that warmed this cache (another tritonwarm "
+                              "release, or an edited kernel or @triton.jit helper): warm with the code that serves")
+
+
+def _variants(count: int) -> str:
+    return "1 planned variant is" if count == 1 else f"{count} planned variants are"

@@ -11,12 +11,15 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-# field -> the types a valid line may hold there; "first" (the step that first needed it) is optional
+# field -> the types a valid line may hold there; optional: "first" (the step that first needed it),
+# and Triton's key, the options and the reason of a miss (records written before them lack them)
+_NONE = type(None)
 FIELDS: dict[str, tuple[type, ...]] = {
     "kernel": (str,), "target": (str,), "variant": (str,), "cache_hash": (str,), "hit": (bool,),
     "args": (dict,), "launches": (int,),
 }
-OPTIONAL: dict[str, tuple[type, ...]] = {"first": (dict, type(None))}
+OPTIONAL: dict[str, tuple[type, ...]] = {"first": (dict, _NONE), "key": (str, _NONE), "num_warps": (int, _NONE),
+                                         "num_stages": (int, _NONE), "why": (str, _NONE)}
 
 
 def write_record(path: str | Path, lines: Iterable[dict]) -> None:
@@ -55,6 +58,6 @@ def _validated(line, where: str) -> dict:
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"{where}: not a dispatch record ({name!r} is {value!r})")
     for name, types in OPTIONAL.items():
-        if name in line and not isinstance(line[name], types):
+        if name in line and (not isinstance(line[name], types) or isinstance(line[name], bool)):
             raise ValueError(f"{where}: not a dispatch record ({name!r} is {line[name]!r})")
     return line

@@ -26,6 +26,7 @@ from triton import knobs
 from .cache import UnreadableEntry, entry_files
 from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
+from .miss import WarmedNeighbours
 from .targets import Target, target_from_gpu_target
 from .thirdparty.foreign import kernel_for
 from .trace import Capture, Variant, _hook_lock
@@ -53,6 +54,10 @@ class LaunchedVariant:
     hit: bool
     args: dict
     launches: int = 0
+    key: str | None = None  # Triton's in-memory key: tells other code from another class on a miss
+    num_warps: int | None = None
+    num_stages: int | None = None
+    why: str | None = None  # on a miss: what the cache holds instead (``miss.WarmedNeighbours``)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -71,6 +76,7 @@ class DispatchMonitor:
         self.compiles = 0  # kernel compiles and C builds at serving time
         self.compile_seconds = 0.0
         self.c_builds: list[str] = []  # names of the C modules Triton built at serving time
+        self._warmed: dict[str, WarmedNeighbours] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ recording
@@ -96,7 +102,8 @@ class DispatchMonitor:
                 except UnreadableEntry:
                     hit = False  # Triton cannot read it either: it would compile
                 dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
-                                    variant.args)
+                                           variant.args, key=variant.key, num_warps=variant.num_warps,
+                                           num_stages=variant.num_stages)
                 self.dispatches[variant.cache_hash] = dispatch
                 if not hit:
                     self._on_miss(dispatch)
@@ -106,13 +113,21 @@ class DispatchMonitor:
             return dispatch
 
     def _on_miss(self, dispatch: LaunchedVariant) -> None:
+        reason = self._neighbours(dispatch.target).why({**dispatch.to_json(), "id": dispatch.variant})
+        dispatch.why = reason.line if reason else None
         message = (f"{dispatch.kernel} would compile at serving time on {dispatch.target}: variant "
                    f"{dispatch.variant} ({', '.join(f'{k}:{v}' for k, v in dispatch.args.items())}) "
-                   f"is not in {self.cache_dir}")
+                   f"is not in {self.cache_dir}" + (f": {dispatch.why}" if dispatch.why else ""))
         if self.policy == "error":
             raise JitPolicyError(message)
         if self.policy == "warn":
             log.warning(message)
+
+    def _neighbours(self, target: str) -> WarmedNeighbours:
+        """What the cache's manifest holds for ``target``, read at the first miss (serving writes none)."""
+        if target not in self._warmed:
+            self._warmed[target] = WarmedNeighbours.of_cache(self.cache_dir, target)
+        return self._warmed[target]
 
     def write_record(self, path: str | Path) -> None:
         """The dispatch record as JSON lines: one per variant launched, with hit or miss."""

@@ -170,3 +170,54 @@ def dtypes_spec_file(tmp_path):
     path = tmp_path / "rms.yaml"
     path.write_text(RMS_DTYPES_SPEC)
     return path
+
+
+# A kernel in one module and its launcher in another, outside the package: what a user edits.
+KERNEL_MODULE = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_const(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(x_ptr + offs, x + 1.0, mask=offs < n)
+"""
+
+LAUNCHER_MODULE = """
+import triton
+from tritonwarm.jit import JitKernel, Launch
+
+from edited_kernels import add_const
+
+
+def _launch(x):
+    return Launch(grid=(triton.cdiv(x.numel(), 256),), args=(x, x.numel()), constexprs=dict(BLOCK=256))
+
+
+add_const_jit = JitKernel(add_const, _launch)
+
+
+def add_const_launcher(x):
+    return add_const_jit(x)
+"""
+
+CUSTOM_SPEC = """
+kernel: edited_launchers:add_const_launcher
+args:
+  x: {tensor: [1024], dtype: float32}
+"""
+
+
+@pytest.fixture
+def custom_kernel(tmp_path):
+    """A kernel in one module, its launcher in another, and a spec naming the launcher."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "edited_kernels.py").write_text(KERNEL_MODULE)
+    (code / "edited_launchers.py").write_text(LAUNCHER_MODULE)
+    spec = tmp_path / "custom.yaml"
+    spec.write_text(CUSTOM_SPEC)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
+    return code, spec, env

@@ -15,61 +15,12 @@ from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.warmup import warm
 
-KERNEL_MODULE = """
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def add_const(x_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n)
-    tl.store(x_ptr + offs, x + 1.0, mask=offs < n)
-"""
-
-LAUNCHER_MODULE = """
-import triton
-from tritonwarm.jit import JitKernel, Launch
-
-from edited_kernels import add_const
-
-
-def _launch(x):
-    return Launch(grid=(triton.cdiv(x.numel(), 256),), args=(x, x.numel()), constexprs=dict(BLOCK=256))
-
-
-add_const_jit = JitKernel(add_const, _launch)
-
-
-def add_const_launcher(x):
-    return add_const_jit(x)
-"""
-
-CUSTOM_SPEC = """
-kernel: edited_launchers:add_const_launcher
-args:
-  x: {tensor: [1024], dtype: float32}
-"""
-
 
 def tritonwarm(*args, rc=0, env=None):
     proc = subprocess.run([sys.executable, "-m", "tritonwarm", *map(str, args)], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == rc, proc.stdout + proc.stderr
     return proc
-
-
-@pytest.fixture
-def custom_kernel(tmp_path):
-    """A kernel in one module, its launcher in another, and a spec naming the launcher."""
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "edited_kernels.py").write_text(KERNEL_MODULE)
-    (code / "edited_launchers.py").write_text(LAUNCHER_MODULE)
-    spec = tmp_path / "custom.yaml"
-    spec.write_text(CUSTOM_SPEC)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
-    return code, spec, env
 
 
 @pytest.mark.slow

@@ -1,0 +1,95 @@
+"""Why one variant is not in the cache, told from what the manifest records beside it.
+
+A variant the cache lacks is named by Triton's cache hash, which says nothing about why. The entries
+warmed for the same kernel under the runtime's environment do (entries of another environment are
+explained once per environment by ``env.differences``):
+
+- the manifest records this very hash, but its files are gone: removed since the warm-up;
+- an entry with Triton's very key (same arguments, same options) sits under another hash: the only
+  part of the hash left is the kernel's code (its source or a ``@triton.jit`` helper), so the cache
+  was warmed by other code than the one serving, e.g. another tritonwarm release;
+- otherwise the nearest entry names the arguments (specialization classes) or options that differ:
+  a class that was not warmed;
+- no entry of the kernel at all: it was never warmed for this environment.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cache import CacheError, Manifest
+from .cache.env import current_fingerprint, same_environment
+from .cache.manifest import entry_fingerprint
+
+FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED = "files gone", "other code", "other class", "kernel not warmed"
+_OPTIONS = ("num_warps", "num_stages")
+_SHOWN = 3  # differing arguments named before "and N more"
+
+
+@dataclass(frozen=True)
+class MissReason:
+    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED
+    line: str  # what to print after the missing variant
+    neighbour: str | None = None  # id of the recorded entry it was told from
+
+
+class WarmedNeighbours:
+    """The entries a manifest records under the runtime's environment, by kernel."""
+
+    def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str):
+        self.by_kernel: dict[str, list[dict]] = defaultdict(list)
+        for cache_hash, entry in sorted(recorded.items()):
+            if same_environment(entry_fingerprint(entry, environments), runtime, target):
+                self.by_kernel[entry["kernel"]].append({**entry, "cache_hash": cache_hash})
+
+    @classmethod
+    def of_cache(cls, cache_dir: str | Path, target: str, runtime: dict | None = None) -> WarmedNeighbours:
+        """From ``cache_dir``'s manifest for ``target``; an unreadable or damaged one explains nothing."""
+        manifest = Manifest(Path(cache_dir), target)
+        try:
+            recorded, environments = manifest.read(), manifest.environments()
+        except (CacheError, OSError):  # ManifestDamaged is a CacheError
+            recorded, environments = {}, {}
+        return cls(recorded, environments, runtime if runtime is not None else current_fingerprint(), target)
+
+    def why(self, wanted: dict) -> MissReason | None:
+        """Why ``wanted`` (a variant's JSON: kernel, args, and where known cache_hash, key, num_warps,
+        num_stages) is missing; None when nothing of this environment is recorded (a cold cache, or
+        one warmed only under other environments)."""
+        if not self.by_kernel:
+            return None
+        entries = self.by_kernel.get(wanted["kernel"], [])
+        if not entries:
+            return MissReason(NOT_WARMED, "no variant of this kernel is warmed for this environment: warm a spec "
+                                          "or engine config that launches it")
+        for entry in entries:
+            if entry["cache_hash"] == wanted.get("cache_hash"):
+                return MissReason(FILES_GONE, "the manifest records it as warmed, but its files are gone (removed "
+                                              "since the warm-up): warm up again", entry["id"])
+        nearest = min(entries, key=lambda entry: len(_differences(entry, wanted)))
+        differing = _differences(nearest, wanted)
+        if not differing and wanted.get("key") is not None and nearest.get("key") == wanted["key"]:
+            return MissReason(OTHER_CODE, f"variant {nearest['id']} has Triton's same key (arguments and options) "
+                                          "under another hash: the kernel's code (its source or a @triton.jit "
+                                          "helper) is not the code that warmed it: warm with the code that serves",
+                              nearest["id"])
+        if not differing:
+            return MissReason(OTHER_CLASS, f"variant {nearest['id']} has the same arguments under another hash: "
+                                           "other launch options, or other code of the kernel", nearest["id"])
+        named = ", ".join(f"{name} (warmed {warmed}, here {here})" for name, warmed, here in differing[:_SHOWN])
+        more = f" and {len(differing) - _SHOWN} more" if len(differing) > _SHOWN else ""
+        return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
+                                       "class was not warmed: warm a spec row that launches it", nearest["id"])
+
+
+def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:
+    """``(name, warmed, here)`` for each argument class and launch option that differs."""
+    warmed_args, args = entry.get("args", {}), wanted.get("args", {})
+    differing = [(name, warmed_args.get(name, "-"), args.get(name, "-"))
+                 for name in [*args, *(n for n in warmed_args if n not in args)]
+                 if warmed_args.get(name) != args.get(name)]
+    differing += [(name, entry[name], wanted[name]) for name in _OPTIONS
+                  if wanted.get(name) is not None and entry.get(name) is not None and entry[name] != wanted[name]]
+    return differing

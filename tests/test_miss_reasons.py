@@ -1,0 +1,153 @@
+"""Why a warmed cache misses one variant, told per variant: its files removed, the kernel's code not
+the code that warmed the cache (same key, another hash), a class no spec row declared (the nearest
+warmed variant's differing arguments), a kernel never warmed. ``check``, the serving monitor and
+``check --trace`` each say it."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from tritonwarm.engine.plan import check_trace
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import entry_path
+from tritonwarm.jit.check import check
+from tritonwarm.jit.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, WarmedNeighbours
+from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.warmup import warm
+from tritonwarm.launchers.rms_norm import rms_norm
+
+FP16_ONLY = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+args:
+  x: {tensor: [8, 4096], dtype: float16}
+  weight: {tensor: [4096], dtype: float16}
+"""
+SILU = """
+kernel: tritonwarm.launchers.activation:silu_and_mul
+args:
+  x: {tensor: [8, 2816], dtype: bfloat16}
+"""
+SM90 = TARGETS["sm90"]
+
+
+@pytest.fixture
+def fp16_cache(tmp_path):
+    """A cache warmed (sm90) for rms_norm on float16 only."""
+    spec = tmp_path / "fp16.yaml"
+    spec.write_text(FP16_ONLY)
+    cache = tmp_path / "cache"
+    warm(plan(load_specs([spec]), SM90, cache_dir=cache), cache)
+    return cache
+
+
+def _checked(tmp_path, cache, *spec_texts):
+    paths = []
+    for n, text in enumerate(spec_texts):
+        paths.append(tmp_path / f"checked{n}.yaml")
+        paths[-1].write_text(text)
+    return check(plan(load_specs(paths), SM90), cache)
+
+
+@pytest.mark.slow
+def test_a_class_no_row_declared_names_the_nearest_warmed_variant_and_what_differs(tmp_path, fp16_cache,
+                                                                                    dtypes_spec_file):
+    report = check(plan(load_specs([dtypes_spec_file]), SM90), fp16_cache)
+    [missing] = report.missing
+    assert missing["args"]["x_ptr"] == "*bf16 aligned"
+    assert ("differs in x_ptr (warmed *fp16 aligned, here *bf16 aligned), weight_ptr (warmed *fp16 aligned, here "
+            "*bf16 aligned), out_ptr (warmed *fp16 aligned, here *bf16 aligned): this class was not warmed"
+            ) in missing["why"]
+    assert report.reasons == []  # one class missing is not a cause shared by the cache
+
+
+@pytest.mark.slow
+def test_a_kernel_never_warmed_and_removed_files_are_named(tmp_path, fp16_cache):
+    report = _checked(tmp_path, fp16_cache, FP16_ONLY, SILU)
+    [missing] = report.missing
+    assert missing["kernel"].endswith("silu_and_mul_kernel")
+    assert missing["why"].startswith("no variant of this kernel is warmed for this environment")
+
+    [variant] = [v for v in plan(load_specs([tmp_path / "checked0.yaml"]), SM90).variants.values()]
+    shutil.rmtree(entry_path(fp16_cache, variant.entry_dir))
+    report = _checked(tmp_path, fp16_cache, FP16_ONLY)
+    [missing] = report.missing
+    assert "the manifest records it as warmed, but its files are gone" in missing["why"]
+    assert report.reasons == ["1 planned variant is recorded as warmed, but the files are gone (removed since "
+                              "the warm-up): warm up again"]
+
+
+def test_a_cold_cache_or_one_of_another_environment_gets_no_per_variant_reason():
+    wanted = {"kernel": "k", "args": {"n": "i32"}, "cache_hash": "0" * 64, "key": "k1"}
+    assert WarmedNeighbours({}, {}, {"triton": {"version": "3.9.0"}, "env": {}}, "sm90").why(wanted) is None
+    other = {"1" * 64: {"id": "111111111111", "kernel": "k", "args": {"n": "i32"}, "key": "k1",
+                        "triton_version": "3.6.0", "env": {}}}
+    assert WarmedNeighbours(other, {}, {"triton": {"version": "3.9.0"}, "env": {}}, "sm90").why(wanted) is None
+
+
+def test_each_reason_is_told_from_the_nearest_entry():
+    runtime = {"triton": {"version": "3.9.0"}, "env": {}}
+    entry = {"kernel": "k", "args": {"x": "*bf16 aligned", "n": "i32:div16", "BLOCK": "=256"}, "key": "K",
+             "num_warps": 4, "num_stages": 2, "triton_version": "3.9.0", "env": {}}
+    far = {**entry, "args": {"x": "*fp32 aligned", "n": "i32", "BLOCK": "=128"}, "key": "F"}
+    recorded = {"a" * 64: {**entry, "id": "aaaaaaaaaaaa"}, "b" * 64: {**far, "id": "bbbbbbbbbbbb"}}
+    neighbours = WarmedNeighbours(recorded, {}, runtime, "sm90")
+
+    def why(**changes):
+        return neighbours.why({**entry, "cache_hash": "c" * 64, **changes})
+
+    assert (why().kind, why().neighbour) == (OTHER_CODE, "aaaaaaaaaaaa")
+    assert why(cache_hash="a" * 64).kind == FILES_GONE
+    assert why(kernel="other").kind == NOT_WARMED
+    moved = why(args={**entry["args"], "n": "i32"}, key="K2")
+    assert (moved.kind, moved.neighbour) == (OTHER_CLASS, "aaaaaaaaaaaa")
+    assert "differs in n (warmed i32:div16, here i32):" in moved.line
+    warps = why(num_warps=8, key="K3")
+    assert "differs in num_warps (warmed 4, here 8)" in warps.line
+    # the same arguments and options under another key: options Triton keys on beyond num_warps / stages
+    assert "other launch options" in why(key="K4").line and why(key="K4").kind == OTHER_CLASS
+    many = why(args={"x": "*fp16 aligned", "n": "i64", "BLOCK": "=64", "extra": "i32"}, key="K5")
+    assert many.line.count("(warmed") == 3 and "and 1 more" in many.line
+
+
+def test_the_serving_monitor_says_why_a_launch_misses(fp16_cache, tmp_path):
+    monitor = DispatchMonitor(fp16_cache, policy="error")
+    x = torch.empty(8, 4096, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(JitPolicyError, match=r"differs in x_ptr \(warmed \*fp16 aligned, here \*bf16 aligned\)"):
+        with monitor.dry_run(SM90):
+            rms_norm(x, torch.empty(4096, dtype=torch.bfloat16, device="meta"))
+
+    monitor = DispatchMonitor(fp16_cache, policy="warn")
+    with monitor.dry_run(SM90):
+        rms_norm(x, torch.empty(4096, dtype=torch.bfloat16, device="meta"))
+        rms_norm(x.half(), torch.empty(4096, dtype=torch.float16, device="meta"))
+    record = tmp_path / "record.jsonl"
+    monitor.write_record(record)
+    [miss] = [json.loads(line) for line in record.read_text().splitlines() if not json.loads(line)["hit"]]
+    assert miss["key"] and miss["num_warps"] and "differs in x_ptr" in miss["why"]
+
+    report = check_trace(record, fp16_cache, "sm90")
+    [traced] = report.misses
+    assert "differs in x_ptr (warmed *fp16 aligned, here *bf16 aligned)" in traced["why"]
+
+
+@pytest.mark.slow
+def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(custom_kernel, tmp_path, run_cli):
+    """The deployment case: CI warmed with one release of the kernels, the server runs another."""
+    code, spec, env = custom_kernel
+    cache = tmp_path / "cache"
+    run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
+    kernels = code / "edited_kernels.py"
+    kernels.write_text(kernels.read_text().replace("x + 1.0", "x + 2.0"))
+
+    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=env).stdout
+    assert "1 missing" in out
+    assert ("why: edited_kernels.add_const: 1 planned variant is cached for Triton's same keys under other "
+            "hashes: the kernel's code is not the code that warmed this cache") in out
+    assert "has Triton's same key (arguments and options) under another hash" in out
+    report = json.loads(run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, "--json", rc=1,
+                                env=env).stdout)
+    [missing] = report["targets"][0]["missing"]
+    assert "is not the code that warmed it" in missing["why"]
