@@ -15,8 +15,8 @@ from pathlib import Path
 from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
-from .cache.manifest import entry_fingerprint
-from .miss import FILES_GONE, OTHER_CODE, WarmedNeighbours
+from .cache.manifest import entry_fingerprint, manifests
+from .miss import FILES_GONE, OTHER_CODE, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
 
 
@@ -100,19 +100,25 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     if report.missing:
         for other in report.other_environments:
             report.reasons += [line for line in other["differences"] if line not in report.reasons]
-        _explain_missing(report, wanted, WarmedNeighbours(recorded, environments, runtime, target.name))
+    if report.missing and not report.manifest_problem:  # a damaged manifest tells nothing of its entries
+        neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, list(manifests(cache_dir)))
+        _explain_missing(report, wanted, neighbours)
     return report
 
 
 def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours) -> None:
-    """Each missing variant's own reason (``why``), and one line in ``reasons`` for the two causes
-    that miss many variants at once: files removed, and a kernel's code that is not the warmed code."""
+    """Each missing variant's own reason (``why``), and one line in ``reasons`` for the causes that
+    miss many variants at once: another target warmed, files removed, a kernel's code that is not
+    the warmed code."""
     other_code: dict[str, int] = {}
     gone = 0
     for summary in report.missing:
         reason = neighbours.why(wanted[summary["id"]])
         if reason is None:
             continue
+        if reason.kind == OTHER_TARGET:  # the same for every variant: said once
+            report.reasons.append(reason.line)
+            return
         summary["why"] = reason.line
         gone += reason.kind == FILES_GONE
         if reason.kind == OTHER_CODE:

@@ -10,7 +10,8 @@ explained once per environment by ``env.differences``):
   was warmed by other code than the one serving, e.g. another tritonwarm release;
 - otherwise the nearest entry names the arguments (specialization classes) or options that differ:
   a class that was not warmed;
-- no entry of the kernel at all: it was never warmed for this environment.
+- no entry of the kernel at all: it was never warmed for this environment;
+- no entry of this target at all, but manifests of others: warmed for another GPU.
 """
 
 from __future__ import annotations
@@ -21,16 +22,17 @@ from pathlib import Path
 
 from .cache import CacheError, Manifest
 from .cache.env import current_fingerprint, same_environment
-from .cache.manifest import entry_fingerprint
+from .cache.manifest import entry_fingerprint, manifests
 
-FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED = "files gone", "other code", "other class", "kernel not warmed"
+FILES_GONE, OTHER_CODE, OTHER_CLASS = "files gone", "other code", "other class"
+NOT_WARMED, OTHER_TARGET = "kernel not warmed", "other target"
 _OPTIONS = ("num_warps", "num_stages")
 _SHOWN = 3  # differing arguments named before "and N more"
 
 
 @dataclass(frozen=True)
 class MissReason:
-    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED
+    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED, OTHER_TARGET
     line: str  # what to print after the missing variant
     neighbour: str | None = None  # id of the recorded entry it was told from
 
@@ -38,8 +40,11 @@ class MissReason:
 class WarmedNeighbours:
     """The entries a manifest records under the runtime's environment, by kernel."""
 
-    def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str):
+    def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str,
+                 other_targets: list[str] = ()):
+        self.target, self.other_targets = target, [t for t in other_targets if t != target]
         self.by_kernel: dict[str, list[dict]] = defaultdict(list)
+        self.recorded_any = bool(recorded)
         for cache_hash, entry in sorted(recorded.items()):
             if same_environment(entry_fingerprint(entry, environments), runtime, target):
                 self.by_kernel[entry["kernel"]].append({**entry, "cache_hash": cache_hash})
@@ -52,13 +57,17 @@ class WarmedNeighbours:
             recorded, environments = manifest.read(), manifest.environments()
         except (CacheError, OSError):  # ManifestDamaged is a CacheError
             recorded, environments = {}, {}
-        return cls(recorded, environments, runtime if runtime is not None else current_fingerprint(), target)
+        return cls(recorded, environments, runtime if runtime is not None else current_fingerprint(), target,
+                   list(manifests(cache_dir)))
 
     def why(self, wanted: dict) -> MissReason | None:
         """Why ``wanted`` (a variant's JSON: kernel, args, and where known cache_hash, key, num_warps,
         num_stages) is missing; None when nothing of this environment is recorded (a cold cache, or
         one warmed only under other environments)."""
         if not self.by_kernel:
+            if self.other_targets and not self.recorded_any:
+                return MissReason(OTHER_TARGET, f"this cache holds no entry for {self.target}, only for "
+                                                f"{', '.join(self.other_targets)}: warm with --target {self.target}")
             return None
         entries = self.by_kernel.get(wanted["kernel"], [])
         if not entries:

@@ -79,6 +79,16 @@ def test_a_kernel_never_warmed_and_removed_files_are_named(tmp_path, fp16_cache)
                               "the warm-up): warm up again"]
 
 
+@pytest.mark.slow
+def test_a_cache_warmed_for_another_gpu_says_so_once(tmp_path, fp16_cache, run_cli):
+    (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
+    report = check(plan(load_specs([tmp_path / "fp16.yaml"]), TARGETS["sm100"]), fp16_cache)
+    assert len(report.missing) == 1 and "why" not in report.missing[0]
+    assert report.reasons == ["this cache holds no entry for sm100, only for sm90: warm with --target sm100"]
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm100", "--cache-dir", fp16_cache, rc=1).stdout
+    assert "why: this cache holds no entry for sm100, only for sm90: warm with --target sm100" in out
+
+
 def test_a_cold_cache_or_one_of_another_environment_gets_no_per_variant_reason():
     wanted = {"kernel": "k", "args": {"n": "i32"}, "cache_hash": "0" * 64, "key": "k1"}
     assert WarmedNeighbours({}, {}, {"triton": {"version": "3.9.0"}, "env": {}}, "sm90").why(wanted) is None
@@ -118,6 +128,10 @@ def test_the_serving_monitor_says_why_a_launch_misses(fp16_cache, tmp_path):
     with pytest.raises(JitPolicyError, match=r"differs in x_ptr \(warmed \*fp16 aligned, here \*bf16 aligned\)"):
         with monitor.dry_run(SM90):
             rms_norm(x, torch.empty(4096, dtype=torch.bfloat16, device="meta"))
+
+    with pytest.raises(JitPolicyError, match="this cache holds no entry for sm100, only for sm90"):
+        with DispatchMonitor(fp16_cache, policy="error").dry_run(TARGETS["sm100"]):
+            rms_norm(x.half(), torch.empty(4096, dtype=torch.float16, device="meta"))
 
     monitor = DispatchMonitor(fp16_cache, policy="warn")
     with monitor.dry_run(SM90):
