@@ -89,8 +89,20 @@ def cmd_env(args) -> int:
         print(f"wrote {args.output}: fingerprint {fingerprint_id(fp)} (Triton {fp['triton']['version']}, "
               f"Python {fp['python']['version']})")
     else:
-        print("\n".join(format_env(fp)))
+        print("\n".join(format_env(fp) + [gpu_line()]))
     return 0
+
+
+def gpu_line() -> str:
+    """The target a cache for this machine's GPU is warmed for (what ``--target local`` means here)."""
+    from ..jit.targets import local_target
+
+    target = local_target()
+    if target is None:
+        return "GPU          none: warm for the serving GPU's target by name (--target sm90, gfx942, ...)"
+    import torch
+
+    return f"GPU          {torch.cuda.get_device_name()}: target {target.name} (--target local warms it)"
 
 
 def format_env(fp: dict) -> list[str]:

@@ -94,6 +94,20 @@ def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
     assert main(["env"]) == 0
     text = capsys.readouterr().out
     assert "libtriton" in text and "sm90" in text and "Python headers" in text
+    from tritonwarm.jit.targets import local_target
+
+    if local_target() is None:
+        assert "GPU          none: warm for the serving GPU's target by name" in text
+
+
+def test_env_names_the_target_of_this_machines_gpu(monkeypatch, capsys):
+    import torch
+    from tritonwarm.jit import TARGETS, targets
+
+    monkeypatch.setattr(targets, "local_target", lambda: TARGETS["sm90"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")
+    assert main(["env"]) == 0
+    assert "GPU          NVIDIA H200: target sm90 (--target local warms it)" in capsys.readouterr().out
 
 
 @pytest.mark.slow
