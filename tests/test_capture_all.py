@@ -121,6 +121,12 @@ def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypa
         ops.softmax(x)
     assert monitor.misses == [] and monitor.hits == 1
 
+    unwarmed = fake_tensor((64, 1000), torch.bfloat16)  # a row length whose classes no spec row names
+    with serving_without_launching(target, tmp_path, monkeypatch), monitor.serving():
+        with pytest.raises(JitPolicyError, match=r"is not in .*: nearest warmed variant \w+ differs in \w+ "
+                                                 r"\(warmed .*, here .*\).*: this class was not warmed"):
+            ops.softmax(unwarmed)
+
 
 def test_triton_and_torch_device_queries_answer_for_the_target():
     from triton.runtime import driver
