@@ -98,8 +98,8 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
     if problems:
         kernels = sorted({p["kernel"].rsplit(".", 1)[-1] for p in problems})
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
-                   f"{report.planned} variants this engine launches ({', '.join(kernels)}); run `tritonwarm "
-                   f"warmup --engine-config CONFIG --target {target.name}`")
+                   f"{report.planned} variants this engine launches ({', '.join(kernels)}); "
+                   + _first_reason(report, target))
     elif report.missing_c_launchers:  # Triton 3.6 would run gcc at the first launch of each signature
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks "
                    f"{len(report.missing_c_launchers)} of Triton's C launchers this engine needs: "
@@ -110,6 +110,16 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         if policy == "warn":
             log.warning(message)
     return problems
+
+
+def _first_reason(report, target: Target) -> str:
+    """The first cause that misses many variants at once (another environment, target or kernel code,
+    files removed), where ``check`` found one; else the fix for a cache not warmed for this engine."""
+    if report.reasons:
+        more = len(report.reasons) - 1
+        return f"why: {report.reasons[0]}" + (
+            f" (and {more} more: `tritonwarm check --engine-config CONFIG --target {target.name}`)" if more else "")
+    return f"run `tritonwarm warmup --engine-config CONFIG --target {target.name}`"
 
 
 # --------------------------------------------------------------------------- dispatch record check

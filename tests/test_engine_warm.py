@@ -87,7 +87,19 @@ def test_jit_policy_error_refuses_a_cold_cache(engine_cli, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "engine start refused" in err
     assert "paged_decode_attention_grid_split_kernel" in err and "moe_topk_routing_kernel" in err
+    assert err.endswith("run `tritonwarm warmup --engine-config CONFIG --target sm90`")
     assert _entries(tmp_path) == set()  # a dry run compiles nothing
+
+
+@pytest.mark.slow
+def test_jit_policy_error_says_why_a_warmed_cache_misses(engine_cli, lite_cache, capsys):
+    cache_dir, _ = lite_cache
+    rc = engine_cli(["engine", "run", "--config", "deepseek-v2-lite", "--requests", "2", "--max-tokens", "2",
+                     "--dry-run", "--target", "gfx942", "--jit-policy", "error", "--cache-dir", str(cache_dir)])
+    assert rc == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.endswith("why: this cache holds no entry for gfx942, only for sm90: warm with --target gfx942")
 
 
 @pytest.mark.slow
