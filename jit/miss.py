@@ -17,6 +17,7 @@ explained once per environment by ``env.differences``):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,7 @@ class WarmedNeighbours:
     """The entries a manifest records under the runtime's environment, by kernel."""
 
     def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str,
-                 other_targets: list[str] = ()):
+                 other_targets: Iterable[str] = ()):
         self.target, self.other_targets = target, [t for t in other_targets if t != target]
         self.by_kernel: dict[str, list[dict]] = defaultdict(list)
         self.recorded_any = bool(recorded)

@@ -113,7 +113,9 @@ class DispatchMonitor:
             return dispatch
 
     def _on_miss(self, dispatch: LaunchedVariant) -> None:
-        reason = self._neighbours(dispatch.target).why({**dispatch.to_json(), "id": dispatch.variant})
+        if self.policy == "off":
+            return
+        reason = self._neighbours(dispatch.target).why(dispatch.to_json())
         dispatch.why = reason.line if reason else None
         message = (f"{dispatch.kernel} would compile at serving time on {dispatch.target}: variant "
                    f"{dispatch.variant} ({', '.join(f'{k}:{v}' for k, v in dispatch.args.items())}) "
