@@ -71,6 +71,7 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     at the first launch that needs it.
     """
     from ..jit.cache import resolve_cache_dir
+    from ..jit.compile import triton_cache_dir
     from ..jit.targets import local_target, resolve_target
 
     cache_dir = resolve_cache_dir(cache_dir)
@@ -81,9 +82,11 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     target = resolve_target(dry_run_target) if dry_run else (local_target() if gpu and mode == "triton" else None)
     missing = startup_check(config, target, cache_dir, policy) if target is not None and policy != "off" else []
     device = "meta" if dry_run else ("cuda" if gpu else "cpu")
-    engine = Engine(config, mode, device, weights_path)
     monitor = DispatchMonitor(cache_dir, policy)
-    with (monitor.dry_run(target) if dry_run else monitor.serving()):
-        engine.capture_graphs()  # GPU only: start-up, under the same policy as serving
-        result = engine.run(requests, monitor)
+    # Triton reads the cache that was checked (not its own default): in this process, the environment untouched
+    with triton_cache_dir(cache_dir):
+        engine = Engine(config, mode, device, weights_path)
+        with (monitor.dry_run(target) if dry_run else monitor.serving()):
+            engine.capture_graphs()  # GPU only: start-up, under the same policy as serving
+            result = engine.run(requests, monitor)
     return ServeReport(result, monitor, target.name if target else None, dry_run, missing)

@@ -125,6 +125,21 @@ class DispatchMonitor:
         if self.policy == "warn":
             log.warning(message)
 
+    def _judge_the_cache_triton_reads(self) -> None:
+        """Serving reads ``knobs.cache.dir`` (``TRITON_CACHE_DIR``, or Triton's default), whatever cache
+        was warmed: a monitor looking elsewhere would count hits while Triton compiles. Under ``error``
+        that is refused; otherwise (logged under ``warn``) the monitor judges the cache Triton reads."""
+        read = Path(knobs.cache.dir).expanduser().resolve()
+        if read == Path(self.cache_dir).expanduser().resolve():
+            return
+        message = (f"Triton reads its cache from {read}, not from the warmed cache {self.cache_dir}: every "
+                   f"kernel would compile; serve with TRITON_CACHE_DIR={self.cache_dir}")
+        if self.policy == "error":
+            raise JitPolicyError(message)
+        if self.policy == "warn":
+            log.warning(message)
+        self.cache_dir, self._warmed = read, {}
+
     def _neighbours(self, target: str) -> WarmedNeighbours:
         """What the cache's manifest holds for ``target``, read at the first miss (serving writes none)."""
         if target not in self._warmed:
@@ -172,6 +187,7 @@ class DispatchMonitor:
                 monitor.compiles += 1
                 monitor.compile_seconds += time.perf_counter() - t0
 
+        self._judge_the_cache_triton_reads()
         with _hook_lock:
             saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = on_compile_request, after_compile

@@ -39,6 +39,18 @@ def test_triton_generates_the_same_tokens_as_the_reference():
     assert triton.result.steps == reference.steps
 
 
+def test_the_engine_serves_from_the_cache_it_checked(tmp_path, monkeypatch):
+    """Triton's runtime reads ``knobs.cache.dir``; the engine checks and monitors ``--cache-dir`` (or
+    its default): while it serves, they are one folder, and the process's setting is restored after."""
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(Engine, "run", lambda self, requests, monitor: seen.append(knobs.cache.dir))
+    before = knobs.cache.dir
+    serve(TINY, [Request(0, _prompt(0, 3), 1, (), 0)], mode="triton", policy="error", cache_dir=tmp_path / "c")
+    assert seen == [str((tmp_path / "c").absolute())] and knobs.cache.dir == before
+
+
 def test_triton_generates_the_same_tokens_with_the_grid_split_kernel(monkeypatch):
     """The engine with the grid split kernel declared (as cuda:90 declares it for MLA; the CPU takes
     the default entry, so it is declared here): one metadata per step, the same tokens."""

@@ -4,6 +4,7 @@ warmed variant's differing arguments), a kernel never warmed. ``check``, the ser
 ``check --trace`` each say it."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -165,3 +166,13 @@ def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(c
                                 env=env).stdout)
     [missing] = report["targets"][0]["missing"]
     assert "is not the code that warmed it" in missing["why"]
+
+
+@pytest.mark.slow
+def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache, run_cli):
+    (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
+    args = ("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache)
+    elsewhere = run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "other")}).stdout
+    assert f"note: Triton in this environment reads {tmp_path / 'other'}: serve with TRITON_CACHE_DIR={fp16_cache}" \
+        in elsewhere
+    assert "note: Triton" not in run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(fp16_cache)}).stdout

@@ -91,3 +91,27 @@ def test_serving_hook_sees_tritons_own_compile_requests(warmed, tmp_path):
     with target_driver(TARGETS["sm90"]), triton_cache_dir(tmp_path / "cold2"), counting.serving():
         rms_norm_jit.fake_run(launch(3))
     assert counting.compiles == 1 and counting.compile_seconds > 0 and len(counting.misses) == 1
+
+
+@pytest.mark.slow
+def test_a_monitor_never_judges_a_cache_triton_does_not_read(warmed, tmp_path, caplog):
+    """The warmed cache is not where Triton reads (TRITON_CACHE_DIR unset or elsewhere): Triton compiles
+    every kernel while a look-up in the warmed cache would count hits. ``error`` refuses to serve;
+    ``warn`` says so and counts what Triton does."""
+    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    x = fake_tensor((3, 4096), torch.bfloat16)
+    launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((3, 4096), torch.bfloat16), 1e-6)
+    elsewhere = tmp_path / "triton-default"
+    with pytest.raises(JitPolicyError, match=f"Triton reads its cache from {elsewhere}, not from the warmed cache "
+                                             f"{warmed}: every kernel would compile; serve with TRITON_CACHE_DIR="):
+        with target_driver(TARGETS["sm90"]), triton_cache_dir(elsewhere), DispatchMonitor(warmed, "error").serving():
+            pass
+
+    monitor = DispatchMonitor(warmed, policy="warn")
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(elsewhere), monitor.serving():
+        rms_norm_jit.fake_run(launch)
+    assert "Triton reads its cache from" in caplog.text
+    assert (monitor.hits, monitor.compiles, len(list(elsewhere.glob("*/*.cubin")))) == (0, 1, 1)
