@@ -89,7 +89,10 @@ def cmd_env(args) -> int:
         print(f"wrote {args.output}: fingerprint {fingerprint_id(fp)} (Triton {fp['triton']['version']}, "
               f"Python {fp['python']['version']})")
     else:
-        print("\n".join(format_env(fp) + [gpu_line()]))
+        from ..jit.cache.env import cache_bypassed
+
+        bypassed = cache_bypassed()
+        print("\n".join(format_env(fp) + [gpu_line()] + ([f"WARNING      {bypassed}"] if bypassed else [])))
     return 0
 
 

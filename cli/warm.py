@@ -166,6 +166,8 @@ def cmd_check(args) -> int:
                   f"{len(r.redundant)} redundant rows")
             if r.manifest_problem:
                 print(f"  manifest: {r.manifest_problem}")
+            if r.bypassed:
+                print(f"  runtime: {r.bypassed}")
             for line in r.reasons:
                 print(f"  why: {line}")
             for m in r.unreadable:

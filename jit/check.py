@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
-from .cache.env import current_fingerprint, differences, fingerprint_id, same_environment
+from .cache.env import cache_bypassed, current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint, manifests
 from .miss import FILES_GONE, OTHER_CODE, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
@@ -40,12 +40,13 @@ class CheckReport:
     c_launcher_fix: str | None = None
     unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
+    bypassed: str | None = None  # this runtime compiles whatever the cache holds (TRITON_ALWAYS_COMPILE)
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
                     or self.unknown_winners or self.missing_c_launchers or self.unreadable
-                    or self.manifest_problem)
+                    or self.manifest_problem or self.bypassed)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -58,7 +59,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
                          redundant=list(the_plan.redundant), notes=list(the_plan.notes),
-                         environment=fingerprint_id(runtime, target.name))
+                         environment=fingerprint_id(runtime, target.name), bypassed=cache_bypassed())
     manifest = Manifest(cache_dir, target.name)
     try:
         recorded = manifest.read()

@@ -24,6 +24,7 @@ from pathlib import Path
 from triton import knobs
 
 from .cache import UnreadableEntry, entry_files
+from .cache.env import cache_bypassed
 from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .miss import WarmedNeighbours
@@ -128,7 +129,13 @@ class DispatchMonitor:
     def _judge_the_cache_triton_reads(self) -> None:
         """Serving reads ``knobs.cache.dir`` (``TRITON_CACHE_DIR``, or Triton's default), whatever cache
         was warmed: a monitor looking elsewhere would count hits while Triton compiles. Under ``error``
-        that is refused; otherwise (logged under ``warn``) the monitor judges the cache Triton reads."""
+        that is refused; otherwise (logged under ``warn``) the monitor judges the cache Triton reads.
+        ``TRITON_ALWAYS_COMPILE`` (every hit skipped) is refused or logged the same way."""
+        bypassed = cache_bypassed()
+        if bypassed and self.policy != "off":
+            if self.policy == "error":
+                raise JitPolicyError(bypassed)
+            log.warning(bypassed)
         read = Path(knobs.cache.dir).expanduser().resolve()
         if read == Path(self.cache_dir).expanduser().resolve():
             return
@@ -177,7 +184,7 @@ class DispatchMonitor:
                               readable_args(kernel, compile), int(compile["num_warps"]), int(compile["num_stages"]),
                               disk_cache_hash(kernel, target, compile), entry_name=kernel.fn.__name__)
             dispatch = monitor._record(variant, count_launch=False)
-            if not dispatch.hit:
+            if not dispatch.hit or always_compiles:
                 started[str(key)] = time.perf_counter()
             return False
 
@@ -188,6 +195,7 @@ class DispatchMonitor:
                 monitor.compile_seconds += time.perf_counter() - t0
 
         self._judge_the_cache_triton_reads()
+        always_compiles = cache_bypassed() is not None  # under warn / off: every request compiles, hit or not
         with _hook_lock:
             saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = on_compile_request, after_compile

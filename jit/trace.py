@@ -255,7 +255,7 @@ def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, 
     from triton.runtime import cache as triton_cache
 
     memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
-            triton_cache.triton_key())
+            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook)
     if memo not in _HASHES:
         _HASHES[memo] = disk_cache_hash(kernel, target, request)
     return _HASHES[memo]
@@ -281,4 +281,14 @@ def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
     options = backend.parse_options(options)
     options = backend.parse_options(dict(options.__dict__, **src.parse_options()))
     key = get_cache_key(src, backend, options, get_cache_invalidating_env_vars())
+    if knobs.runtime.add_stages_inspection_hook is not None and _compile_keys_custom_pipelines():
+        key += knobs.runtime.add_stages_inspection_hook()[0]  # a custom pass pipeline, as compile() adds it
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _compile_keys_custom_pipelines() -> bool:
+    """Whether this Triton's ``compile()`` puts a custom pipeline's key (``add_stages_inspection_hook``)
+    into the disk-cache key: Triton 3.7 and later do; 3.6 compiles the custom pipeline unkeyed."""
+    from triton.compiler.compiler import compile as triton_compile
+
+    return "add_stages_inspection_hook" in triton_compile.__code__.co_names

@@ -176,3 +176,13 @@ def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache,
     assert f"note: Triton in this environment reads {tmp_path / 'other'}: serve with TRITON_CACHE_DIR={fp16_cache}" \
         in elsewhere
     assert "note: Triton" not in run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(fp16_cache)}).stdout
+
+
+@pytest.mark.slow
+def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp_path, fp16_cache, run_cli):
+    (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
+    env = {**os.environ, "TRITON_ALWAYS_COMPILE": "1", "TRITON_CACHE_DIR": str(fp16_cache)}
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, rc=1, env=env).stdout
+    assert "sm90: PROBLEMS: 1 planned, 0 missing" in out
+    assert "runtime: TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel at its first launch" in out
+    assert "WARNING      TRITON_ALWAYS_COMPILE is set" in run_cli("env", rc=0, env=env).stdout

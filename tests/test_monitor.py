@@ -115,3 +115,25 @@ def test_a_monitor_never_judges_a_cache_triton_does_not_read(warmed, tmp_path, c
         rms_norm_jit.fake_run(launch)
     assert "Triton reads its cache from" in caplog.text
     assert (monitor.hits, monitor.compiles, len(list(elsewhere.glob("*/*.cubin")))) == (0, 1, 1)
+
+
+@pytest.mark.slow
+def test_always_compile_is_refused_and_counted(warmed, monkeypatch, caplog):
+    """``TRITON_ALWAYS_COMPILE`` skips every cache hit without changing a key: only the monitor can
+    tell that a warmed cache serves nothing. ``error`` refuses to serve; ``warn`` counts the compiles."""
+    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    x = fake_tensor((3, 4096), torch.bfloat16)
+    launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((3, 4096), torch.bfloat16), 1e-6)
+    with target_driver(TARGETS["sm90"]), triton_cache_dir(warmed):
+        with pytest.raises(JitPolicyError, match="TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel"):
+            with DispatchMonitor(warmed, "error").serving():
+                pass
+        monitor = DispatchMonitor(warmed, policy="warn")
+        with monitor.serving():
+            rms_norm_jit.fake_run(launch)
+    assert "TRITON_ALWAYS_COMPILE is set" in caplog.text
+    assert (monitor.hits, monitor.compiles) == (1, 1)  # in the cache, and compiled all the same

@@ -149,3 +149,22 @@ def test_a_dtype_named_string_constexpr_is_refused_while_tracing():
     with pytest.raises(ValueError, match=r"constexpr MODE='bf16' names a Triton dtype"):
         trace_call(TARGETS["sm90"], _mode, out, "bf16")
     assert trace_call(TARGETS["sm90"], _mode, out, "bf16_lines")  # any other string is warmed as it is
+
+
+def test_a_custom_pipeline_is_keyed_as_tritons_own_compile_keys_it(compile_call):
+    """A custom pass pipeline (``knobs.runtime.add_stages_inspection_hook``) enters Triton 3.7+'s disk
+    key: warm-up's hash must follow, or every entry is filed where the runtime never looks."""
+    from triton.compiler import compile as triton_compile
+    from tritonwarm.launchers.rms_norm import rms_norm
+
+    x, weight = fake_tensor((8, 1024), torch.bfloat16), fake_tensor((1024,), torch.bfloat16)
+    [(plain, _)] = compile_call("sm90", rms_norm, x, weight)
+
+    def hook(*args):  # no arguments: the (key, hash) Triton keys on; else the backend's stages call
+        return None if args else ("custom-pipeline-v1", "c0ffee")
+
+    with knobs.runtime.scope():
+        knobs.runtime.add_stages_inspection_hook = hook
+        [(hooked, _)] = compile_call("sm90", rms_norm, x, weight)  # asserts Triton's hash is the traced one
+    keyed = "add_stages_inspection_hook" in triton_compile.__code__.co_names
+    assert (hooked.cache_hash != plain.cache_hash) == keyed

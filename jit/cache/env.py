@@ -43,6 +43,17 @@ def cache_env() -> dict[str, str]:
     return dict(sorted(get_cache_invalidating_env_vars().items()))
 
 
+def cache_bypassed() -> str | None:
+    """Why this process's Triton would compile whatever its cache holds, or None: ``TRITON_ALWAYS_COMPILE``
+    skips every cache hit (it is no part of the key, so nothing else shows it)."""
+    from triton import knobs
+
+    if knobs.compilation.always_compile:
+        return ("TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel at its first launch whatever the "
+                "cache holds: unset it where serving reads the cache")
+    return None
+
+
 _probe_lock = threading.Lock()
 
 
