@@ -9,13 +9,14 @@ explained once per environment by ``env.differences``):
   part of the hash left is the kernel's code (its source or a ``@triton.jit`` helper), so the cache
   was warmed by other code than the one serving, e.g. another tritonwarm release;
 - otherwise the nearest entry names the arguments (specialization classes) or options that differ:
-  a class that was not warmed;
+  a class that was not warmed, or options (``debug``) the warm-up did not have;
 - no entry of the kernel at all: it was never warmed for this environment;
 - no entry of this target at all, but manifests of others: warmed for another GPU.
 """
 
 from __future__ import annotations
 
+import ast
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -90,16 +91,35 @@ class WarmedNeighbours:
                                            "other launch options, or other code of the kernel", nearest["id"])
         named = ", ".join(f"{name} (warmed {warmed}, here {here})" for name, warmed, here in differing[:_SHOWN])
         more = f" and {len(differing) - _SHOWN} more" if len(differing) > _SHOWN else ""
+        if not any(name in wanted.get("args", {}) or name in _OPTIONS for name, _, _ in differing):
+            return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} has the same arguments, "
+                                           f"compiled with other options: {named}{more}: serve with the options "
+                                           "the warm-up had (TRITON_DEBUG, say)", nearest["id"])
         return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
                                        "class was not warmed: warm a spec row that launches it", nearest["id"])
 
 
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:
-    """``(name, warmed, here)`` for each argument class and launch option that differs."""
+    """``(name, warmed, here)`` for each argument class and compile option that differs."""
     warmed_args, args = entry.get("args", {}), wanted.get("args", {})
     differing = [(name, warmed_args.get(name, "-"), args.get(name, "-"))
                  for name in [*args, *(n for n in warmed_args if n not in args)]
                  if warmed_args.get(name) != args.get(name)]
-    differing += [(name, entry[name], wanted[name]) for name in _OPTIONS
-                  if wanted.get(name) is not None and entry.get(name) is not None and entry[name] != wanted[name]]
+    warmed_options, options = _options(entry), _options(wanted)
+    differing += [(name, warmed_options[name], options[name]) for name in options
+                  if name in warmed_options and warmed_options[name] != options[name]]
     return differing
+
+
+def _options(record: dict) -> dict:
+    """The compile options Triton's key ends with (``num_warps``, ``debug``, ...); from the record's
+    own fields where its key is unknown or not of that form."""
+    key = record.get("key") or ""
+    start = key.find("]{")
+    try:
+        options = ast.literal_eval(key[start + 1:]) if start >= 0 else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        options = None
+    if isinstance(options, dict):
+        return options
+    return {name: record[name] for name in _OPTIONS if record.get(name) is not None}

@@ -65,6 +65,14 @@ def test_a_class_no_row_declared_names_the_nearest_warmed_variant_and_what_diffe
 
 
 @pytest.mark.slow
+def test_a_server_with_other_compile_options_is_told_which(tmp_path, fp16_cache, run_cli):
+    (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
+    env = {**os.environ, "TRITON_DEBUG": "1"}  # no part of the environment's fingerprint: an option in Triton's key
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, rc=1, env=env).stdout
+    assert "has the same arguments, compiled with other options: debug (warmed False, here True)" in out
+
+
+@pytest.mark.slow
 def test_a_kernel_never_warmed_and_removed_files_are_named(tmp_path, fp16_cache):
     report = _checked(tmp_path, fp16_cache, FP16_ONLY, SILU)
     [missing] = report.missing
@@ -121,6 +129,21 @@ def test_each_reason_is_told_from_the_nearest_entry():
     assert "other launch options" in why(key="K4").line and why(key="K4").kind == OTHER_CLASS
     many = why(args={"x": "*fp16 aligned", "n": "i64", "BLOCK": "=64", "extra": "i32"}, key="K5")
     assert many.line.count("(warmed") == 3 and "and 1 more" in many.line
+
+
+def test_options_are_read_from_tritons_key():
+    runtime = {"triton": {"version": "3.9.0"}, "env": {}}
+    key = "[('*bf16', 'D'), ('i32', 'D')]{'num_warps': 4, 'num_stages': 2, 'debug': False}"
+    entry = {"id": "aaaaaaaaaaaa", "kernel": "k", "args": {"x": "*bf16 aligned"}, "key": key, "num_warps": 4,
+             "num_stages": 2, "triton_version": "3.9.0", "env": {}}
+    neighbours = WarmedNeighbours({"a" * 64: entry}, {}, runtime, "sm90")
+    debug = neighbours.why({**entry, "cache_hash": "c" * 64, "key": key.replace("False", "True")})
+    assert debug.line == ("nearest warmed variant aaaaaaaaaaaa has the same arguments, compiled with other options: "
+                          "debug (warmed False, here True): serve with the options the warm-up had (TRITON_DEBUG, say)")
+    warps = neighbours.why({**entry, "cache_hash": "c" * 64, "key": key.replace("'num_warps': 4", "'num_warps': 8")})
+    assert "differs in num_warps (warmed 4, here 8): this class was not warmed" in warps.line
+    unparsed = neighbours.why({**entry, "cache_hash": "c" * 64, "key": "not a key]{", "num_warps": 8})
+    assert "differs in num_warps (warmed 4, here 8)" in unparsed.line  # the record's own fields
 
 
 def test_the_serving_monitor_says_why_a_launch_misses(fp16_cache, tmp_path):
