@@ -16,7 +16,7 @@ from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import cache_bypassed, current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint, manifests
-from .miss import FILES_GONE, OTHER_CODE, OTHER_TARGET, WarmedNeighbours
+from .miss import FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
 
 
@@ -109,9 +109,10 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
 
 def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours) -> None:
     """Each missing variant's own reason (``why``), and one line in ``reasons`` for the causes that
-    miss many variants at once: another target warmed, files removed, a kernel's code that is not
-    the warmed code."""
+    miss many variants at once: another target warmed, files removed, other compile options, a
+    kernel's code that is not the warmed code."""
     other_code: dict[str, int] = {}
+    other_options: dict[str, int] = {}
     gone = 0
     for summary in report.missing:
         reason = neighbours.why(wanted[summary["id"]])
@@ -124,9 +125,14 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
         gone += reason.kind == FILES_GONE
         if reason.kind == OTHER_CODE:
             other_code[summary["kernel"]] = other_code.get(summary["kernel"], 0) + 1
+        if reason.kind == OTHER_OPTIONS:
+            other_options[reason.options] = other_options.get(reason.options, 0) + 1
     if gone:
         report.reasons.append(f"{_variants(gone)} recorded as warmed, but the files are gone (removed since "
                               "the warm-up): warm up again")
+    for options, count in other_options.items():
+        report.reasons.append(f"{_variants(count)} warmed with other compile options: {options}: serve with the "
+                              "options the warm-up had (TRITON_DEBUG, say)")
     for kernel, count in other_code.items():
         report.reasons.append(f"{kernel}: {_variants(count)} cached for Triton's same keys under other hashes: "
                               "the kernel's code is not the code that warmed this cache (another tritonwarm "

@@ -27,16 +27,17 @@ from .cache.env import current_fingerprint, same_environment
 from .cache.manifest import entry_fingerprint, manifests
 
 FILES_GONE, OTHER_CODE, OTHER_CLASS = "files gone", "other code", "other class"
-NOT_WARMED, OTHER_TARGET = "kernel not warmed", "other target"
+NOT_WARMED, OTHER_TARGET, OTHER_OPTIONS = "kernel not warmed", "other target", "other options"
 _OPTIONS = ("num_warps", "num_stages")
 _SHOWN = 3  # differing arguments named before "and N more"
 
 
 @dataclass(frozen=True)
 class MissReason:
-    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, NOT_WARMED, OTHER_TARGET
+    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, OTHER_OPTIONS, NOT_WARMED, OTHER_TARGET
     line: str  # what to print after the missing variant
     neighbour: str | None = None  # id of the recorded entry it was told from
+    options: str | None = None  # OTHER_OPTIONS: the options that differ, named
 
 
 class WarmedNeighbours:
@@ -92,9 +93,9 @@ class WarmedNeighbours:
         named = ", ".join(f"{name} (warmed {warmed}, here {here})" for name, warmed, here in differing[:_SHOWN])
         more = f" and {len(differing) - _SHOWN} more" if len(differing) > _SHOWN else ""
         if not any(name in wanted.get("args", {}) or name in _OPTIONS for name, _, _ in differing):
-            return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} has the same arguments, "
-                                           f"compiled with other options: {named}{more}: serve with the options "
-                                           "the warm-up had (TRITON_DEBUG, say)", nearest["id"])
+            return MissReason(OTHER_OPTIONS, f"nearest warmed variant {nearest['id']} has the same arguments, "
+                                             f"compiled with other options: {named}{more}: serve with the options "
+                                             "the warm-up had (TRITON_DEBUG, say)", nearest["id"], named + more)
         return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
                                        "class was not warmed: warm a spec row that launches it", nearest["id"])
 

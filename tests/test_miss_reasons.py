@@ -70,6 +70,7 @@ def test_a_server_with_other_compile_options_is_told_which(tmp_path, fp16_cache,
     env = {**os.environ, "TRITON_DEBUG": "1"}  # no part of the environment's fingerprint: an option in Triton's key
     out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, rc=1, env=env).stdout
     assert "has the same arguments, compiled with other options: debug (warmed False, here True)" in out
+    assert "why: 1 planned variant is warmed with other compile options: debug (warmed False, here True)" in out
 
 
 @pytest.mark.slow
