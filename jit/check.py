@@ -9,6 +9,7 @@ from the runtime's is named in one line, with its fix.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import cache_bypassed, current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint, manifests
-from .miss import FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
+from .miss import COPIED, FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
 
 
@@ -102,18 +103,16 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
         for other in report.other_environments:
             report.reasons += [line for line in other["differences"] if line not in report.reasons]
     if report.missing and not report.manifest_problem:  # a damaged manifest tells nothing of its entries
-        neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, list(manifests(cache_dir)))
+        neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, manifests(cache_dir), cache_dir)
         _explain_missing(report, wanted, neighbours)
     return report
 
 
 def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours) -> None:
-    """Each missing variant's own reason (``why``), and one line in ``reasons`` for the causes that
-    miss many variants at once: another target warmed, files removed, other compile options, a
-    kernel's code that is not the warmed code."""
-    other_code: dict[str, int] = {}
-    other_options: dict[str, int] = {}
-    gone = 0
+    """Each missing variant's own reason (``why``), and one line in ``reasons`` for each cause that
+    misses many variants at once: another target warmed, a copied cache, files removed, other
+    compile options, a kernel's code that is not the warmed code."""
+    shared: Counter[tuple[str, str]] = Counter()
     for summary in report.missing:
         reason = neighbours.why(wanted[summary["id"]])
         if reason is None:
@@ -122,21 +121,26 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
             report.reasons.append(reason.line)
             return
         summary["why"] = reason.line
-        gone += reason.kind == FILES_GONE
-        if reason.kind == OTHER_CODE:
-            other_code[summary["kernel"]] = other_code.get(summary["kernel"], 0) + 1
-        if reason.kind == OTHER_OPTIONS:
-            other_options[reason.options] = other_options.get(reason.options, 0) + 1
-    if gone:
-        report.reasons.append(f"{_variants(gone)} recorded as warmed, but the files are gone (removed since "
-                              "the warm-up): warm up again")
-    for options, count in other_options.items():
-        report.reasons.append(f"{_variants(count)} warmed with other compile options: {options}: serve with the "
-                              "options the warm-up had (TRITON_DEBUG, say)")
-    for kernel, count in other_code.items():
-        report.reasons.append(f"{kernel}: {_variants(count)} cached for Triton's same keys under other hashes: "
-                              "the kernel's code is not the code that warmed this cache (another tritonwarm "
-                              "release, or an edited kernel or @triton.jit helper): warm with the code that serves")
+        if reason.kind in _SHARED_CAUSES:
+            detail = summary["kernel"] if reason.kind == OTHER_CODE else reason.detail or ""
+            shared[reason.kind, detail] += 1
+    report.reasons += [_SHARED_CAUSES[kind](_variants(count), detail) for (kind, detail), count in shared.items()]
+
+
+_SHARED_CAUSES = {
+    COPIED: lambda variants, folder: (
+        f"{variants} in a cache copied or mounted from {folder}: Triton's group files name the files there by "
+        "absolute path: move a cache with `tritonwarm bundle create` / `bundle install`"),
+    FILES_GONE: lambda variants, _: (
+        f"{variants} recorded as warmed, but the files are gone (removed since the warm-up): warm up again"),
+    OTHER_OPTIONS: lambda variants, options: (
+        f"{variants} warmed with other compile options: {options}: serve with the options the warm-up had "
+        "(TRITON_DEBUG, say)"),
+    OTHER_CODE: lambda variants, kernel: (
+        f"{kernel}: {variants} cached for Triton's same keys under other hashes: the kernel's code is not the code "
+        "that warmed this cache (another tritonwarm release, or an edited kernel or @triton.jit helper): warm with "
+        "the code that serves"),
+}
 
 
 def _variants(count: int) -> str:

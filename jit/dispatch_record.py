@@ -19,7 +19,8 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "args": (dict,), "launches": (int,),
 }
 OPTIONAL: dict[str, tuple[type, ...]] = {"first": (dict, _NONE), "key": (str, _NONE), "num_warps": (int, _NONE),
-                                         "num_stages": (int, _NONE), "why": (str, _NONE)}
+                                         "num_stages": (int, _NONE), "entry_name": (str, _NONE),
+                                         "why": (str, _NONE)}
 
 
 def write_record(path: str | Path, lines: Iterable[dict]) -> None:

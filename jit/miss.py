@@ -4,6 +4,8 @@ A variant the cache lacks is named by Triton's cache hash, which says nothing ab
 warmed for the same kernel under the runtime's environment do (entries of another environment are
 explained once per environment by ``env.differences``):
 
+- the entry is there, but its ``__grp__`` file names another folder's files: a cache copied or
+  mounted at another path (Triton writes absolute paths into it);
 - the manifest records this very hash, but its files are gone: removed since the warm-up;
 - an entry with Triton's very key (same arguments, same options) sits under another hash: the only
   part of the hash left is the kernel's code (its source or a ``@triton.jit`` helper), so the cache
@@ -22,11 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import CacheError, Manifest
+from .cache import CacheError, Manifest, entry_dir_name
 from .cache.env import current_fingerprint, same_environment
+from .cache.layout import foreign_group_folder
 from .cache.manifest import entry_fingerprint, manifests
 
-FILES_GONE, OTHER_CODE, OTHER_CLASS = "files gone", "other code", "other class"
+COPIED, FILES_GONE, OTHER_CODE, OTHER_CLASS = "copied", "files gone", "other code", "other class"
 NOT_WARMED, OTHER_TARGET, OTHER_OPTIONS = "kernel not warmed", "other target", "other options"
 _OPTIONS = ("num_warps", "num_stages")
 _SHOWN = 3  # differing arguments named before "and N more"
@@ -34,18 +37,19 @@ _SHOWN = 3  # differing arguments named before "and N more"
 
 @dataclass(frozen=True)
 class MissReason:
-    kind: str  # one of FILES_GONE, OTHER_CODE, OTHER_CLASS, OTHER_OPTIONS, NOT_WARMED, OTHER_TARGET
+    kind: str  # one of COPIED, FILES_GONE, OTHER_CODE, OTHER_CLASS, OTHER_OPTIONS, NOT_WARMED, OTHER_TARGET
     line: str  # what to print after the missing variant
     neighbour: str | None = None  # id of the recorded entry it was told from
-    options: str | None = None  # OTHER_OPTIONS: the options that differ, named
+    detail: str | None = None  # what variants missed for one cause share: the options, the original cache
 
 
 class WarmedNeighbours:
     """The entries a manifest records under the runtime's environment, by kernel."""
 
     def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str,
-                 other_targets: Iterable[str] = ()):
+                 other_targets: Iterable[str] = (), cache_dir: str | Path | None = None):
         self.target, self.other_targets = target, [t for t in other_targets if t != target]
+        self.cache_dir = cache_dir
         self.by_kernel: dict[str, list[dict]] = defaultdict(list)
         self.recorded_any = bool(recorded)
         for cache_hash, entry in sorted(recorded.items()):
@@ -61,12 +65,18 @@ class WarmedNeighbours:
         except (CacheError, OSError):  # ManifestDamaged is a CacheError
             recorded, environments = {}, {}
         return cls(recorded, environments, runtime if runtime is not None else current_fingerprint(), target,
-                   list(manifests(cache_dir)))
+                   list(manifests(cache_dir)), cache_dir)
 
     def why(self, wanted: dict) -> MissReason | None:
         """Why ``wanted`` (a variant's JSON: kernel, args, and where known cache_hash, key, num_warps,
         num_stages) is missing; None when nothing of this environment is recorded (a cold cache, or
         one warmed only under other environments)."""
+        copied_from = self._copied_from(wanted)
+        if copied_from:
+            return MissReason(COPIED, f"its entry is here, but names its files under {copied_from} (Triton's group "
+                                      "files hold absolute paths): this cache was copied or mounted from there: "
+                                      "move a cache with bundle create / bundle install",
+                              detail=str(Path(copied_from).parent))
         if not self.by_kernel:
             if self.other_targets and not self.recorded_any:
                 return MissReason(OTHER_TARGET, f"this cache holds no entry for {self.target}, only for "
@@ -98,6 +108,12 @@ class WarmedNeighbours:
                                              "the warm-up had (TRITON_DEBUG, say)", nearest["id"], named + more)
         return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
                                        "class was not warmed: warm a spec row that launches it", nearest["id"])
+
+
+    def _copied_from(self, wanted: dict) -> str | None:
+        if self.cache_dir is None or not wanted.get("cache_hash") or not wanted.get("entry_name"):
+            return None
+        return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"])
 
 
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:

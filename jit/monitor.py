@@ -58,6 +58,7 @@ class LaunchedVariant:
     key: str | None = None  # Triton's in-memory key: tells other code from another class on a miss
     num_warps: int | None = None
     num_stages: int | None = None
+    entry_name: str | None = None  # the kernel function's name: Triton names the entry's files after it
     why: str | None = None  # on a miss: what the cache holds instead (``miss.WarmedNeighbours``)
 
     def to_json(self) -> dict:
@@ -104,7 +105,7 @@ class DispatchMonitor:
                     hit = False  # Triton cannot read it either: it would compile
                 dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
                                            variant.args, key=variant.key, num_warps=variant.num_warps,
-                                           num_stages=variant.num_stages)
+                                           num_stages=variant.num_stages, entry_name=variant.entry_name)
                 self.dispatches[variant.cache_hash] = dispatch
                 if not hit:
                     self._on_miss(dispatch)

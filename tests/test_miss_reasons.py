@@ -65,6 +65,20 @@ def test_a_class_no_row_declared_names_the_nearest_warmed_variant_and_what_diffe
 
 
 @pytest.mark.slow
+def test_a_cache_copied_to_another_path_is_named_as_copied(tmp_path, fp16_cache):
+    """Triton's group files hold absolute paths: a copy whose original is gone misses everything."""
+    copy = tmp_path / "copy"
+    shutil.copytree(fp16_cache, copy)
+    shutil.rmtree(fp16_cache)
+    report = _checked(tmp_path, copy, FP16_ONLY)
+    [missing] = report.missing
+    assert f"its entry is here, but names its files under {fp16_cache}/" in missing["why"]
+    assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {fp16_cache}: Triton's group "
+                              "files name the files there by absolute path: move a cache with `tritonwarm bundle "
+                              "create` / `bundle install`"]
+
+
+@pytest.mark.slow
 def test_a_server_with_other_compile_options_is_told_which(tmp_path, fp16_cache, run_cli):
     (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
     env = {**os.environ, "TRITON_DEBUG": "1"}  # no part of the environment's fingerprint: an option in Triton's key

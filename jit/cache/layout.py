@@ -146,6 +146,19 @@ def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str) -> dict[str, 
     return children
 
 
+def foreign_group_folder(cache_dir: Path, entry_dir: str, kernel_name: str) -> str | None:
+    """The folder an entry's ``__grp__`` file names its files in, when that is not the entry's own
+    folder: a cache copied or mounted at another path (Triton writes absolute paths there)."""
+    own = entry_path(cache_dir, entry_dir)
+    try:
+        children = json.loads((own / f"__grp__{kernel_name[:150]}.json").read_text())["child_paths"]
+        folders = {os.path.dirname(p) for p in children.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    foreign = sorted(f for f in folders if Path(f) != own and Path(f).resolve() != own.resolve())
+    return foreign[0] if foreign else None
+
+
 def file_sha256(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
