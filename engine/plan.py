@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..jit import Target, class_reps, resolve_target
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
+from ..jit.cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from ..jit.check import check
 from ..jit.dispatch_record import read_record
 from ..jit.miss import WarmedNeighbours
@@ -92,6 +93,9 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
     the_plan = engine_plan(config, target)
     if the_plan.errors:
         raise RuntimeError(f"the engine cannot be traced for {target.name}: {the_plan.errors[0]}")
+    if serving_reads_the_fleet():  # the shared cache's entries, fetched once per machine, before judging
+        for variant in the_plan.variants.values():
+            fetch_from_fleet(cache_dir, variant.entry_dir, variant.entry_name)
     report = check(the_plan, cache_dir)
     problems = report.missing + report.corrupt
     message = None

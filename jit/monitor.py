@@ -25,6 +25,7 @@ from triton import knobs
 
 from .cache import UnreadableEntry, entry_files
 from .cache.env import cache_bypassed
+from .cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .miss import WarmedNeighbours
@@ -79,6 +80,7 @@ class DispatchMonitor:
         self.compile_seconds = 0.0
         self.c_builds: list[str] = []  # names of the C modules Triton built at serving time
         self._warmed: dict[str, WarmedNeighbours] = {}
+        self._fleet: bool | None = None  # whether Triton reads through the shared cache (asked once)
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ recording
@@ -103,6 +105,8 @@ class DispatchMonitor:
                     hit = entry_files(self.cache_dir, variant.entry_dir, variant.entry_name) is not None
                 except UnreadableEntry:
                     hit = False  # Triton cannot read it either: it would compile
+                if not hit and self._reads_fleet():  # Triton's next lookup fetches it: so do we, first
+                    hit = fetch_from_fleet(self.cache_dir, variant.entry_dir, variant.entry_name)
                 dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
                                            variant.args, key=variant.key, num_warps=variant.num_warps,
                                            num_stages=variant.num_stages, entry_name=variant.entry_name)
@@ -126,6 +130,11 @@ class DispatchMonitor:
             raise JitPolicyError(message)
         if self.policy == "warn":
             log.warning(message)
+
+    def _reads_fleet(self) -> bool:
+        if self._fleet is None:
+            self._fleet = serving_reads_the_fleet()
+        return self._fleet
 
     def _judge_the_cache_triton_reads(self) -> None:
         """Serving reads ``knobs.cache.dir`` (``TRITON_CACHE_DIR``, or Triton's default), whatever cache

@@ -419,3 +419,45 @@ def test_triton_manager_with_redis_away_serves_the_local_cache(redis_py, tmp_pat
         rms_norm_runtime(TARGETS["sm90"], local, 8, False)
     assert compile_counter.count == before
     assert sum("shared Triton cache unusable" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.slow
+def test_the_monitor_counts_what_the_fleet_serves_as_hits(warmed, redis_server, tmp_path, monkeypatch):
+    """A launch missing locally is no miss while Redis holds it: Triton's RedisCacheManager fetches it at
+    the lookup the monitor judges, so the monitor fetches it first (under ``error`` it used to refuse)."""
+    import torch
+    from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+    from tritonwarm.launchers.rms_norm import rms_norm
+
+    x, weight = torch.empty(8, 4096, dtype=torch.bfloat16, device="meta"), torch.empty(4096, dtype=torch.bfloat16,
+                                                                                      device="meta")
+    serving = tmp_path / "serving"
+    _uses_redis(monkeypatch, redis_server.url)
+    with pytest.raises(JitPolicyError, match="would compile at serving time"):  # Redis is empty yet
+        with DispatchMonitor(serving, "error").dry_run(TARGETS["sm90"]):
+            rms_norm(x, weight)
+    _push(redis_server, warmed)
+    monitor = DispatchMonitor(serving, "error")
+    with monitor.dry_run(TARGETS["sm90"]):
+        rms_norm(x, weight)
+    assert (monitor.hits, len(monitor.misses)) == (1, 0)
+    assert len(list(serving.glob("*/*.cubin"))) == 1  # written through, as the manager writes it
+
+
+@pytest.mark.slow
+def test_an_engine_starts_on_a_fleet_server_with_an_empty_local_cache(redis_server, tmp_path, monkeypatch):
+    """``--jit-policy error`` on a serving machine that reads through Redis: start-up fetches the
+    engine's plan from the fleet (what its first lookups would do), then checks it and serves."""
+    from tritonwarm.engine.config import ENGINES
+    from tritonwarm.engine.plan import engine_plan
+    from tritonwarm.engine.runner import make_workload, serve
+    from tritonwarm.jit.cache.remote import push
+
+    tiny, target = ENGINES["tiny"], TARGETS["sm90"]
+    the_plan = engine_plan(tiny, target)
+    assert warm(the_plan, tmp_path / "build").failed == 0
+    assert push(the_plan.variants.values(), tmp_path / "build", _store(redis_server), "sm90").ok
+    _uses_redis(monkeypatch, redis_server.url)
+    report = serve(tiny, make_workload(tiny, 4, 4, seed=0), policy="error", dry_run_target="sm90",
+                   cache_dir=tmp_path / "serving")
+    assert report.serve_compiles == 0 and report.monitor.hits and not report.monitor.misses

@@ -318,6 +318,29 @@ class RedisCacheManager(FileCacheManager):
         return path
 
 
+def serving_reads_the_fleet() -> bool:
+    """Whether this process's Triton reads through the shared cache (``TRITON_CACHE_MANAGER`` names
+    ``RedisCacheManager`` and ``TRITONWARM_REDIS_URL`` is set): then an entry missing locally is no
+    miss until Redis lacks it too."""
+    from triton import knobs
+
+    try:
+        manager = knobs.cache.manager_class
+    except Exception:  # a TRITON_CACHE_MANAGER that does not import: Triton says so at its first lookup
+        return False
+    return isinstance(manager, type) and issubclass(manager, RedisCacheManager) and fleet_cache() is not None
+
+
+def fetch_from_fleet(cache_dir: str | Path, entry_dir: str, entry_name: str) -> bool:
+    """Fetch one entry from Redis into ``cache_dir``, as serving's ``RedisCacheManager`` does at the
+    lookup Triton is about to make (verified, written through); True when it is local now."""
+    from triton import knobs
+
+    with knobs.cache.scope():
+        knobs.cache.dir = str(cache_dir)
+        return RedisCacheManager(entry_dir).get_group(f"{entry_name[:150]}.json") is not None
+
+
 class RedisBackend(RemoteCacheBackend):
     """The store behind Triton's own ``RemoteCacheManager``: verified reads; the local cache when Redis is down."""
 
