@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jit import Target, class_reps, resolve_target
+from ..jit.c_launchers import warm_c_launchers
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from ..jit.check import check
@@ -93,9 +94,8 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
     the_plan = engine_plan(config, target)
     if the_plan.errors:
         raise RuntimeError(f"the engine cannot be traced for {target.name}: {the_plan.errors[0]}")
-    if serving_reads_the_fleet():  # the shared cache's entries, fetched once per machine, before judging
-        for variant in the_plan.variants.values():
-            fetch_from_fleet(cache_dir, variant.entry_dir, variant.entry_name)
+    if serving_reads_the_fleet():
+        _fetch_from_fleet(the_plan, cache_dir)
     report = check(the_plan, cache_dir)
     problems = report.missing + report.corrupt
     message = None
@@ -114,6 +114,16 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         if policy == "warn":
             log.warning(message)
     return problems
+
+
+def _fetch_from_fleet(the_plan: Plan, cache_dir: Path) -> None:
+    """The plan's entries from the shared cache into the local one, before judging it (what the first
+    lookups would fetch, once per machine); where Triton builds a C launcher per signature (3.6), those
+    too, for this Python, as ``bundle install`` does: the first request then builds nothing."""
+    fetched = [v for v in the_plan.variants.values() if fetch_from_fleet(cache_dir, v.entry_dir, v.entry_name)]
+    report = warm_c_launchers(fetched, the_plan.target, cache_dir)
+    if report is not None and (report.failed or report.skipped):
+        log.warning(f"C launchers for the entries fetched from the shared cache: {report.summary()}")
 
 
 def _first_reason(report, target: Target) -> str:
