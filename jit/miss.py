@@ -54,7 +54,7 @@ class WarmedNeighbours:
         self.recorded_any = bool(recorded)
         for cache_hash, entry in sorted(recorded.items()):
             if same_environment(entry_fingerprint(entry, environments), runtime, target):
-                self.by_kernel[entry["kernel"]].append({**entry, "cache_hash": cache_hash})
+                self.by_kernel[entry["kernel"]].append({**entry, "cache_hash": cache_hash, "options": _options(entry)})
 
     @classmethod
     def of_cache(cls, cache_dir: str | Path, target: str, runtime: dict | None = None) -> WarmedNeighbours:
@@ -90,7 +90,8 @@ class WarmedNeighbours:
             if entry["cache_hash"] == wanted.get("cache_hash"):
                 return MissReason(FILES_GONE, "the manifest records it as warmed, but its files are gone (removed "
                                               "since the warm-up): warm up again", entry["id"])
-        nearest = min(entries, key=lambda entry: len(_differences(entry, wanted)))
+        wanted = {**wanted, "options": _options(wanted)}
+        nearest = min(entries, key=lambda entry: _distance(entry, wanted))
         differing = _differences(nearest, wanted)
         if not differing and wanted.get("key") is not None and nearest.get("key") == wanted["key"]:
             return MissReason(OTHER_CODE, f"variant {nearest['id']} has Triton's same key (arguments and options) "
@@ -116,13 +117,23 @@ class WarmedNeighbours:
         return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"])
 
 
+def _distance(entry: dict, wanted: dict) -> int:
+    """How many argument classes and compile options differ (``_differences``, counted only)."""
+    warmed_args, args = entry.get("args", {}), wanted.get("args", {})
+    warmed_options, options = entry["options"], wanted["options"]
+    return (sum(warmed_args.get(name) != value for name, value in args.items())
+            + sum(name not in args for name in warmed_args)
+            + sum(name in warmed_options and warmed_options[name] != value for name, value in options.items()))
+
+
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:
-    """``(name, warmed, here)`` for each argument class and compile option that differs."""
+    """``(name, warmed, here)`` for each argument class and compile option (``options``, parsed once)
+    that differs."""
     warmed_args, args = entry.get("args", {}), wanted.get("args", {})
     differing = [(name, warmed_args.get(name, "-"), args.get(name, "-"))
                  for name in [*args, *(n for n in warmed_args if n not in args)]
                  if warmed_args.get(name) != args.get(name)]
-    warmed_options, options = _options(entry), _options(wanted)
+    warmed_options, options = entry["options"], wanted["options"]
     differing += [(name, warmed_options[name], options[name]) for name in options
                   if name in warmed_options and warmed_options[name] != options[name]]
     return differing
