@@ -110,8 +110,8 @@ class WarmedNeighbours:
         return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
                                        "class was not warmed: warm a spec row that launches it", nearest["id"])
 
-
     def _copied_from(self, wanted: dict) -> str | None:
+        """The folder another cache's group names, for an entry that is here but reads as missing."""
         if self.cache_dir is None or not wanted.get("cache_hash") or not wanted.get("entry_name"):
             return None
         return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"])
