@@ -150,6 +150,7 @@ def test_check_names_the_difference_on_the_command_line(tmp_path, dtypes_spec_fi
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--jobs", "1"]) == 0
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))  # Triton here reads the folder checked: no note
     capsys.readouterr()
     assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)]) == 1
     out = capsys.readouterr().out.splitlines()
