@@ -178,6 +178,9 @@ def cmd_check(args) -> int:
                     print(f"           {m['why']}")
             for m in r.corrupt:
                 print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}")
+            if r.from_fleet:
+                print(f"  {len(r.from_fleet)} not in the local cache but in the shared cache, intact: Triton fetches "
+                      "each at its first lookup (`engine run` at start-up)")
             for other in r.other_environments:
                 print(f"  also {other['entries']} entries of another environment ({other['id'] or 'unrecorded'}), "
                       "never read by this runtime" + ("" if r.missing else f": {other['differences'][0]}"))

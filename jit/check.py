@@ -17,6 +17,7 @@ from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import cache_bypassed, current_fingerprint, differences, fingerprint_id, same_environment
 from .cache.manifest import entry_fingerprint, manifests
+from .cache.remote import held_by_fleet
 from .miss import COPIED, FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
 
@@ -42,6 +43,7 @@ class CheckReport:
     unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
     bypassed: str | None = None  # this runtime compiles whatever the cache holds (TRITON_ALWAYS_COMPILE)
+    from_fleet: list[dict] = field(default_factory=list)  # not local, but Redis holds them: fetched at first lookup
 
     @property
     def ok(self) -> bool:
@@ -85,6 +87,9 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
             report.corrupt.append(summary)
         else:
             intact.append(variant)
+    fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)
+    report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
+    report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
     report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     environments = manifest.environments()
     others: dict[str, dict] = {}

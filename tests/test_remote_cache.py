@@ -461,3 +461,23 @@ def test_an_engine_starts_on_a_fleet_server_with_an_empty_local_cache(redis_serv
     report = serve(tiny, make_workload(tiny, 4, 4, seed=0), policy="error", dry_run_target="sm90",
                    cache_dir=tmp_path / "serving")
     assert report.serve_compiles == 0 and report.monitor.hits and not report.monitor.misses
+
+
+@pytest.mark.slow
+def test_check_counts_what_the_fleet_holds_as_served(warmed, redis_server, tmp_path, monkeypatch, capsys):
+    """On a machine reading through Redis, an entry missing locally but intact in Redis is served (Triton
+    fetches it at its first lookup): ``check`` says so, read-only, instead of failing on it."""
+    from tritonwarm.jit.check import check
+
+    spec, _, the_plan = warmed
+    _push(redis_server, warmed)
+    serving = tmp_path / "serving"
+    assert len(check(the_plan, serving).missing) == 4  # not reading through Redis: all missing
+    _uses_redis(monkeypatch, redis_server.url)
+    report = check(the_plan, serving)
+    assert report.ok and (len(report.missing), len(report.from_fleet)) == (0, 4)
+    assert not serving.exists() or not list(serving.glob("*/*.cubin"))  # nothing fetched by a check
+    redis_server.client().delete(*redis_server.client().keys("tritonwarm:file:*:__grp__*")[:1])  # one entry gone
+    assert len(check(the_plan, serving).missing) == 1
+    assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(serving)]) == 1
+    assert "3 not in the local cache but in the shared cache, intact" in capsys.readouterr().out

@@ -331,6 +331,16 @@ def serving_reads_the_fleet() -> bool:
     return isinstance(manager, type) and issubclass(manager, RedisCacheManager) and fleet_cache() is not None
 
 
+def held_by_fleet(variants: Iterable) -> set[str]:
+    """Cache hashes of ``variants`` whose entry Redis holds intact, where this process's Triton reads
+    through it (read-only: what its first lookups would fetch); empty otherwise, or with Redis away."""
+    fleet = fleet_cache() if serving_reads_the_fleet() else None
+    if fleet is None:
+        return set()
+    return {v.cache_hash for v in variants
+            if fleet.call(lambda store, v=v: store.entry_state(v.entry_dir, _group_name(v))[0]) == "ok"}
+
+
 def fetch_from_fleet(cache_dir: str | Path, entry_dir: str, entry_name: str) -> bool:
     """Fetch one entry from Redis into ``cache_dir``, as serving's ``RedisCacheManager`` does at the
     lookup Triton is about to make (verified, written through); True when it is local now."""
