@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import add_cache_args, add_spec_args, plan_with_engine, prepare
+from .common import add_cache_args, add_spec_args, note_where_triton_reads, plan_with_engine, prepare
 
 try:  # warming for another serving environment (--for / --for-wheel), where this tritonwarm has it
     from .env import add_for_args, keyed_for
@@ -143,6 +143,7 @@ def cmd_install(args) -> int:
     else:
         print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
               f"into {cache_dir}")
+        note_where_triton_reads(cache_dir)
         for target, launcher_report in launchers.items():
             print(f"{target}: {launcher_report.summary()}")
     return 1 if any(r.failed for r in launchers.values()) else 0

@@ -108,6 +108,16 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
     return plans
 
 
+def note_where_triton_reads(cache_dir) -> None:
+    """Print a note when Triton in this environment reads another folder than ``cache_dir`` (its
+    ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there."""
+    from triton import knobs
+
+    read = Path(knobs.cache.dir).expanduser().resolve()
+    if read != Path(cache_dir).expanduser().resolve():
+        print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
+
+
 def short_kernel(kernel: str) -> str:
     return kernel.rsplit(".", 1)[-1]
 

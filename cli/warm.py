@@ -14,6 +14,7 @@ from .common import (
     UsageError,
     add_spec_args,
     format_args,
+    note_where_triton_reads,
     plan_all,
     plan_with_engine,
     prepare,
@@ -155,9 +156,7 @@ def cmd_check(args) -> int:
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
         print(f"cache: {cache_dir}" + (f" ({note})" if note else ""))
-        elsewhere = _where_triton_reads_instead(cache_dir)
-        if elsewhere:
-            print(f"  note: Triton in this environment reads {elsewhere}: serve with TRITON_CACHE_DIR={cache_dir}")
+        note_where_triton_reads(cache_dir)
         for r in reports:
             status = "ok" if r.ok else "PROBLEMS"
             unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
@@ -199,14 +198,6 @@ def cmd_check(args) -> int:
                 for row in r.redundant:
                     print(f"  redundant row: {row}")
     return 0 if all(r.ok for r in reports) else 1
-
-
-def _where_triton_reads_instead(cache_dir) -> str | None:
-    """Triton's own cache folder here (``TRITON_CACHE_DIR``, or its default) when it is not ``cache_dir``."""
-    from triton import knobs
-
-    read = Path(knobs.cache.dir).expanduser().resolve()
-    return None if read == Path(cache_dir).expanduser().resolve() else str(read)
 
 
 def _check_trace(args) -> int:

@@ -53,6 +53,9 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
     assert main(["bundle", "install", str(bundle), "--cache-dir", str(served)]) == 0
     out = capsys.readouterr().out
     assert "installed 2, already there 0 of 2" in out
+    # the tests' TRITON_CACHE_DIR is another folder: the runtime here would not read what was installed
+    assert f"note: Triton in this environment reads {os.environ['TRITON_CACHE_DIR']}: serve with " \
+           f"TRITON_CACHE_DIR={served}" in out
     # where Triton builds a C launcher per signature (3.6), install builds them, for this Python
     assert ("sm90: C launchers: 3 needed: 3 built" in out) == builds_per_signature("cuda"), out  # + cuda_utils
     report = check(plan(load_specs([spec_file]), target), served)
