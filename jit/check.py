@@ -15,7 +15,14 @@ from pathlib import Path
 
 from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
-from .cache.env import cache_bypassed, current_fingerprint, differences, fingerprint_id, same_environment
+from .cache.env import (
+    cache_bypassed,
+    current_fingerprint,
+    differences,
+    fingerprint_id,
+    keyed_for_another,
+    same_environment,
+)
 from .cache.manifest import entry_fingerprint, manifests
 from .cache.remote import held_by_fleet
 from .miss import COPIED, FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
@@ -62,7 +69,8 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
                          redundant=list(the_plan.redundant), notes=list(the_plan.notes),
-                         environment=fingerprint_id(runtime, target.name), bypassed=cache_bypassed())
+                         environment=fingerprint_id(runtime, target.name),
+                         bypassed=None if keyed_for_another() else cache_bypassed())
     manifest = Manifest(cache_dir, target.name)
     try:
         recorded = manifest.read()

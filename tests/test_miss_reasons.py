@@ -224,3 +224,11 @@ def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp
     assert "sm90: PROBLEMS: 1 planned, 0 missing" in out
     assert "runtime: TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel at its first launch" in out
     assert "WARNING      TRITON_ALWAYS_COMPILE is set" in run_cli("env", rc=0, env=env).stdout
+
+    # keyed for a server (--for): this build machine's own settings say nothing of the server's
+    serving = tmp_path / "serving.json"
+    run_cli("env", "-o", serving, rc=0)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "elsewhere")
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, "--for", serving,
+                  rc=0, env=env).stdout
+    assert "sm90: ok: 1 planned, 0 missing" in out and "runtime:" not in out and "note: Triton" not in out

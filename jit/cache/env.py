@@ -224,6 +224,12 @@ def fingerprint() -> dict:
     }
 
 
+def keyed_for_another() -> bool:
+    """Whether keys are computed for another serving environment (``--for``): then this process's
+    own settings (``TRITON_ALWAYS_COMPILE``, the folder its Triton reads) say nothing of the server."""
+    return _serving is not None
+
+
 def current_fingerprint() -> dict:
     """The environment keys are computed for now: this process's, or the one being warmed for."""
     return _serving if _serving is not None else fingerprint()
