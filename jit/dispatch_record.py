@@ -52,13 +52,12 @@ def read_record(path: str | Path) -> list[dict]:
 def _validated(line, where: str) -> dict:
     if not isinstance(line, dict):
         raise ValueError(f"{where}: not a dispatch record (not a JSON object)")
-    for name, types in FIELDS.items():
+    for name, types in {**FIELDS, **OPTIONAL}.items():
         if name not in line:
-            raise ValueError(f"{where}: not a dispatch record (no {name!r})")
+            if name in FIELDS:
+                raise ValueError(f"{where}: not a dispatch record (no {name!r})")
+            continue
         value = line[name]
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"{where}: not a dispatch record ({name!r} is {value!r})")
-    for name, types in OPTIONAL.items():
-        if name in line and (not isinstance(line[name], types) or isinstance(line[name], bool)):
-            raise ValueError(f"{where}: not a dispatch record ({name!r} is {line[name]!r})")
     return line
