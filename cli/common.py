@@ -112,12 +112,11 @@ def note_where_triton_reads(cache_dir) -> None:
     """Print a note when Triton in this environment reads another folder than ``cache_dir`` (its
     ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there.
     Nothing when keyed for another environment (``--for``): this machine is not the server."""
-    from triton import knobs
-
     from ..jit.cache.env import keyed_for_another
+    from ..jit.compile import triton_reads_instead
 
-    read = Path(knobs.cache.dir).expanduser().resolve()
-    if read != Path(cache_dir).expanduser().resolve() and not keyed_for_another():
+    read = triton_reads_instead(cache_dir)
+    if read is not None and not keyed_for_another():
         print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
 
 

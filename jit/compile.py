@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from pathlib import Path
 
 from triton import knobs
 
@@ -21,6 +22,13 @@ def triton_cache_dir(path):
     with knobs.cache.scope():
         knobs.cache.dir = str(path)
         yield
+
+
+def triton_reads_instead(cache_dir) -> Path | None:
+    """The folder this process's Triton reads its cache from (``TRITON_CACHE_DIR``, or its default),
+    when that is not ``cache_dir``: a cache warmed there is then never read."""
+    read = Path(knobs.cache.dir).expanduser().resolve()
+    return None if read == Path(cache_dir).expanduser().resolve() else read
 
 
 def find_kernel(variant: Variant) -> JitKernel:

@@ -26,6 +26,7 @@ from triton import knobs
 from .cache import UnreadableEntry, entry_files
 from .cache.env import cache_bypassed
 from .cache.remote import fetch_from_fleet, serving_reads_the_fleet
+from .compile import triton_reads_instead
 from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .miss import WarmedNeighbours
@@ -136,26 +137,27 @@ class DispatchMonitor:
             self._fleet = serving_reads_the_fleet()
         return self._fleet
 
-    def _judge_the_cache_triton_reads(self) -> None:
+    def _judge_the_cache_triton_reads(self) -> bool:
         """Serving reads ``knobs.cache.dir`` (``TRITON_CACHE_DIR``, or Triton's default), whatever cache
         was warmed: a monitor looking elsewhere would count hits while Triton compiles. Under ``error``
         that is refused; otherwise (logged under ``warn``) the monitor judges the cache Triton reads.
-        ``TRITON_ALWAYS_COMPILE`` (every hit skipped) is refused or logged the same way."""
+        ``TRITON_ALWAYS_COMPILE`` (every hit skipped) is refused or logged the same way; returns
+        whether it is set."""
         bypassed = cache_bypassed()
         if bypassed and self.policy != "off":
             if self.policy == "error":
                 raise JitPolicyError(bypassed)
             log.warning(bypassed)
-        read = Path(knobs.cache.dir).expanduser().resolve()
-        if read == Path(self.cache_dir).expanduser().resolve():
-            return
-        message = (f"Triton reads its cache from {read}, not from the warmed cache {self.cache_dir}: every "
-                   f"kernel would compile; serve with TRITON_CACHE_DIR={self.cache_dir}")
-        if self.policy == "error":
-            raise JitPolicyError(message)
-        if self.policy == "warn":
-            log.warning(message)
-        self.cache_dir, self._warmed = read, {}
+        read = triton_reads_instead(self.cache_dir)
+        if read is not None:
+            message = (f"Triton reads its cache from {read}, not from the warmed cache {self.cache_dir}: every "
+                       f"kernel would compile; serve with TRITON_CACHE_DIR={self.cache_dir}")
+            if self.policy == "error":
+                raise JitPolicyError(message)
+            if self.policy == "warn":
+                log.warning(message)
+            self.cache_dir, self._warmed = read, {}
+        return bypassed is not None
 
     def _neighbours(self, target: str) -> WarmedNeighbours:
         """What the cache's manifest holds for ``target``, read at the first miss (serving writes none)."""
@@ -204,8 +206,7 @@ class DispatchMonitor:
                 monitor.compiles += 1
                 monitor.compile_seconds += time.perf_counter() - t0
 
-        self._judge_the_cache_triton_reads()
-        always_compiles = cache_bypassed() is not None  # under warn / off: every request compiles, hit or not
+        always_compiles = self._judge_the_cache_triton_reads()  # under warn / off: every request compiles
         with _hook_lock:
             saved = knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook
             knobs.runtime.jit_cache_hook, knobs.runtime.jit_post_compile_hook = on_compile_request, after_compile
