@@ -166,7 +166,7 @@ def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | No
     launched = [line for line in lines if line["target"] == target]
     report = TraceReport(target, len(launched))
     recorded = Manifest(Path(cache_dir), target).read()
-    neighbours = WarmedNeighbours.of_cache(cache_dir, target)
+    neighbours = WarmedNeighbours.of_cache(cache_dir, target, recorded=recorded)
     for line in launched:
         if not line["hit"]:
             if line["cache_hash"] in recorded and _present(Path(cache_dir), recorded[line["cache_hash"]]):

@@ -57,11 +57,13 @@ class WarmedNeighbours:
                 self.by_kernel[entry["kernel"]].append({**entry, "cache_hash": cache_hash, "options": _options(entry)})
 
     @classmethod
-    def of_cache(cls, cache_dir: str | Path, target: str, runtime: dict | None = None) -> WarmedNeighbours:
-        """From ``cache_dir``'s manifest for ``target``; an unreadable or damaged one explains nothing."""
+    def of_cache(cls, cache_dir: str | Path, target: str, runtime: dict | None = None,
+                 recorded: dict[str, dict] | None = None) -> WarmedNeighbours:
+        """From ``cache_dir``'s manifest for ``target`` (its records, where the caller read them
+        already); an unreadable or damaged one explains nothing."""
         manifest = Manifest(Path(cache_dir), target)
         try:
-            recorded, environments = manifest.read(), manifest.environments()
+            recorded, environments = recorded if recorded is not None else manifest.read(), manifest.environments()
         except (CacheError, OSError):  # ManifestDamaged is a CacheError
             recorded, environments = {}, {}
         return cls(recorded, environments, runtime if runtime is not None else current_fingerprint(), target,
@@ -91,7 +93,7 @@ class WarmedNeighbours:
                 return MissReason(FILES_GONE, "the manifest records it as warmed, but its files are gone (removed "
                                               "since the warm-up): warm up again", entry["id"])
         wanted = {**wanted, "options": _options(wanted)}
-        nearest = min(entries, key=lambda entry: _distance(entry, wanted))
+        nearest = min(entries, key=lambda entry: len(_differences(entry, wanted)))
         differing = _differences(nearest, wanted)
         if not differing and wanted.get("key") is not None and nearest.get("key") == wanted["key"]:
             return MissReason(OTHER_CODE, f"variant {nearest['id']} has Triton's same key (arguments and options) "
@@ -115,15 +117,6 @@ class WarmedNeighbours:
         if self.cache_dir is None or not wanted.get("cache_hash") or not wanted.get("entry_name"):
             return None
         return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"])
-
-
-def _distance(entry: dict, wanted: dict) -> int:
-    """How many argument classes and compile options differ (``_differences``, counted only)."""
-    warmed_args, args = entry.get("args", {}), wanted.get("args", {})
-    warmed_options, options = entry["options"], wanted["options"]
-    return (sum(warmed_args.get(name) != value for name, value in args.items())
-            + sum(name not in args for name in warmed_args)
-            + sum(name in warmed_options and warmed_options[name] != value for name, value in options.items()))
 
 
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:
