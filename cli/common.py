@@ -110,14 +110,20 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
 
 def note_where_triton_reads(cache_dir) -> None:
     """Print a note when Triton in this environment reads another folder than ``cache_dir`` (its
-    ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there.
+    ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there. Also
+    when ``cache_dir`` is Triton's default: ``torch.compile`` sets ``TRITON_CACHE_DIR`` when it is unset.
     Nothing when keyed for another environment (``--for``): this machine is not the server."""
     from ..jit.cache.env import keyed_for_another
     from ..jit.compile import triton_reads_instead
 
+    if keyed_for_another():
+        return
     read = triton_reads_instead(cache_dir)
-    if read is not None and not keyed_for_another():
+    if read is not None:
         print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
+    elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
+        print("  note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
+              f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={cache_dir}")
 
 
 def short_kernel(kernel: str) -> str:

@@ -148,16 +148,28 @@ class DispatchMonitor:
             if self.policy == "error":
                 raise JitPolicyError(bypassed)
             log.warning(bypassed)
+        self._follow_the_cache_triton_reads(changed=False)
+        return bypassed is not None
+
+    def _follow_the_cache_triton_reads(self, *, changed: bool) -> None:
+        """Judge the folder Triton reads now. Asked again at each compile request: the folder can change
+        while serving, as ``torch.compile`` sets ``TRITON_CACHE_DIR`` process-wide, when unset, at the
+        first kernel it loads (Inductor's ``CachingAutotuner``); every later lookup then misses."""
         read = triton_reads_instead(self.cache_dir)
-        if read is not None:
+        if read is None:
+            return
+        if changed:
+            message = (f"Triton's cache folder changed while serving, from {self.cache_dir} to {read} (torch.compile "
+                       f"sets TRITON_CACHE_DIR when it is unset): every kernel launched from now on would compile; "
+                       f"set TRITON_CACHE_DIR={self.cache_dir} before serving starts")
+        else:
             message = (f"Triton reads its cache from {read}, not from the warmed cache {self.cache_dir}: every "
                        f"kernel would compile; serve with TRITON_CACHE_DIR={self.cache_dir}")
-            if self.policy == "error":
-                raise JitPolicyError(message)
-            if self.policy == "warn":
-                log.warning(message)
-            self.cache_dir, self._warmed = read, {}
-        return bypassed is not None
+        if self.policy == "error":
+            raise JitPolicyError(message)
+        if self.policy == "warn":
+            log.warning(message)
+        self.cache_dir, self._warmed = read, {}
 
     def _neighbours(self, target: str) -> WarmedNeighbours:
         """What the cache's manifest holds for ``target``, read at the first miss (serving writes none)."""
@@ -192,6 +204,7 @@ class DispatchMonitor:
         def on_compile_request(*, key, fn, compile, **_):
             kernel = kernel_for(fn.jit_function)  # a JitKernel, or any other package's Triton kernel
             target = target_from_gpu_target(driver.active.get_current_target())
+            monitor._follow_the_cache_triton_reads(changed=True)
             variant = Variant(kernel.name, target.name, str(key), compile["specialization_data"],
                               readable_args(kernel, compile), int(compile["num_warps"]), int(compile["num_stages"]),
                               disk_cache_hash(kernel, target, compile), entry_name=kernel.fn.__name__)

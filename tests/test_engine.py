@@ -3,6 +3,7 @@ invariants, configs, weights files, metrics and the ``engine run`` command."""
 
 import dataclasses
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -41,14 +42,24 @@ def test_triton_generates_the_same_tokens_as_the_reference():
 
 def test_the_engine_serves_from_the_cache_it_checked(tmp_path, monkeypatch):
     """Triton's runtime reads ``knobs.cache.dir``; the engine checks and monitors ``--cache-dir`` (or
-    its default): while it serves, they are one folder, and the process's setting is restored after."""
+    its default): while it serves, they are one folder, whatever sets ``TRITON_CACHE_DIR`` meanwhile, and
+    the process's setting is restored after."""
     from triton import knobs
 
     seen = []
-    monkeypatch.setattr(Engine, "run", lambda self, requests, monitor: seen.append(knobs.cache.dir))
+
+    def run(self, requests, monitor):
+        seen.append(knobs.cache.dir)
+        os.environ["TRITON_CACHE_DIR"] = str(tmp_path / "inductor")  # what torch.compile's first kernel does, if unset
+        seen.append(knobs.cache.dir)
+
+    monkeypatch.setattr(Engine, "run", run)
+    monkeypatch.delenv("TRITON_CACHE_DIR")
     before = knobs.cache.dir
     serve(TINY, [Request(0, _prompt(0, 3), 1, (), 0)], mode="triton", policy="error", cache_dir=tmp_path / "c")
-    assert seen == [str((tmp_path / "c").absolute())] and knobs.cache.dir == before
+    assert seen == [str((tmp_path / "c").absolute())] * 2
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # (Triton's knobs scope already put the environment back)
+    assert knobs.cache.dir == before
 
 
 def test_triton_generates_the_same_tokens_with_the_grid_split_kernel(monkeypatch):

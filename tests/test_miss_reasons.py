@@ -215,6 +215,14 @@ def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache,
         in elsewhere
     assert "note: Triton" not in run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(fp16_cache)}).stdout
 
+    # Triton's default folder, TRITON_CACHE_DIR unset: read only until torch.compile sets it (at its first kernel)
+    default = tmp_path / "home" / ".triton" / "cache"
+    default.mkdir(parents=True)
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}, "TRITON_HOME": str(tmp_path / "home")}
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", default, rc=1, env=env).stdout
+    assert ("note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
+            f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={default}") in out
+
 
 @pytest.mark.slow
 def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp_path, fp16_cache, run_cli):

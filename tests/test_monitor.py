@@ -1,6 +1,7 @@
 """The serving-time watch: a dry run on meta tensors looks every launch up in the warmed cache."""
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -137,3 +138,53 @@ def test_always_compile_is_refused_and_counted(warmed, monkeypatch, caplog):
             rms_norm_jit.fake_run(launch)
     assert "TRITON_ALWAYS_COMPILE is set" in caplog.text
     assert (monitor.hits, monitor.compiles) == (1, 1)  # in the cache, and compiled all the same
+
+
+@pytest.mark.slow
+def test_torch_compile_moving_tritons_cache_while_serving_is_seen(tmp_path, monkeypatch, caplog):
+    """``TRITON_CACHE_DIR`` unset and the cache warmed where Triton reads by default: the first kernel
+    ``torch.compile`` loads (Inductor's own ``CachingAutotuner``, built here as a compiled graph builds it)
+    sets ``TRITON_CACHE_DIR`` process-wide, and Triton's later lookups go to Inductor's folder. The
+    monitor judged the folder at start-up; it sees the move at the next compile request."""
+    from torch._inductor.runtime.hints import DeviceProperties
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from triton import Config, knobs
+    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
+
+    def launch(dtype):
+        x = fake_tensor((3, 4096), dtype)
+        return rms_norm_launch(x, fake_tensor((4096,), dtype), fake_tensor((3, 4096), dtype), 1e-6)
+
+    def torch_compile_loads_a_kernel():
+        CachingAutotuner(rms_norm_jit.jit_function, {"device": DeviceProperties.create(torch.device("cpu"))},
+                         [Config({})], None, [], False, None)
+
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    default = pathlib.Path(knobs.cache.dir)
+    with target_driver(TARGETS["sm90"]):  # warmed by Triton's own runtime path, where it reads by default
+        rms_norm_jit.fake_run(launch(torch.bfloat16))
+        rms_norm_jit.fake_run(launch(torch.float16))
+    assert len(list(default.glob("*/*.cubin"))) == 2
+
+    for policy in ("error", "warn"):
+        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+        monitor = DispatchMonitor(default, policy)
+        with target_driver(TARGETS["sm90"]), monitor.serving():
+            rms_norm_jit.fake_run(launch(torch.bfloat16))
+            torch_compile_loads_a_kernel()
+            moved = pathlib.Path(os.environ["TRITON_CACHE_DIR"])
+            assert moved.is_relative_to(tmp_path / "inductor")  # torch's own behaviour, which this test is about
+            if policy == "error":
+                with pytest.raises(JitPolicyError, match=f"Triton's cache folder changed while serving, from "
+                                                         f"{default} to {moved}"):
+                    rms_norm_jit.fake_run(launch(torch.float16))
+                assert not moved.exists()  # refused before compiling
+            else:
+                rms_norm_jit.fake_run(launch(torch.float16))
+        assert monitor.hits == 1
+    # under warn: the miss and the compile are counted where Triton really compiled
+    assert "Triton's cache folder changed while serving" in caplog.text
+    assert (len(monitor.misses), monitor.compiles, len(list(moved.glob("*/*.cubin")))) == (1, 1, 1)
