@@ -2,6 +2,7 @@
 tests never touch the user's caches; CPU tensors run in Triton's interpreter automatically."""
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,28 @@ os.environ["TRITON_CACHE_DIR"] = os.path.join(_SESSION_DIR, "triton-cache")
 os.environ["TRITONWARM_CACHE_DIR"] = os.path.join(_SESSION_DIR, "tritonwarm-cache")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence Triton 3.9's default-change warning
 warnings.filterwarnings("ignore", module="triton")
+
+
+@pytest.fixture
+def read_only_mount():
+    """``with read_only_mount(source, mount):`` shows ``source`` at ``mount`` on a read-only bind mount
+    (a volume mounted read-only, as a fleet shares a cache); skips where mounts are not permitted."""
+
+    @contextlib.contextmanager
+    def mount_read_only(source, mount):
+        mount.mkdir(exist_ok=True)
+        if subprocess.run(["mount", "--bind", str(source), str(mount)], capture_output=True).returncode != 0:
+            pytest.skip("bind mounts are not permitted here")
+        try:
+            if subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], capture_output=True).returncode != 0:
+                pytest.skip("read-only remounts are not permitted here")
+            with pytest.raises(OSError):
+                (mount / "probe").write_text("x")  # really read-only
+            yield mount
+        finally:
+            subprocess.run(["umount", str(mount)], capture_output=True)
+
+    return mount_read_only
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +121,7 @@ def served_from_bundle():
     from tritonwarm.jit import c_launchers
 
     def served(report) -> bool:
-        listed = bool(report.missing_c_launchers) == c_launchers.builds_c_modules("cuda")
+        listed = bool(report.missing_c_launchers) == c_launchers.warms_c_modules("cuda")
         return listed and dataclasses.replace(report, missing_c_launchers=[], c_launcher_fix=None).ok
 
     return served
