@@ -152,8 +152,10 @@ def cmd_install(args) -> int:
 def _build_c_launchers(cache_dir, targets) -> dict:
     """Where this Triton builds a C launcher per kernel signature (3.6), build them now, on the serving
     machine, for its Python: the build machine cannot (its Python may differ), and the first request
-    would otherwise wait for gcc. Only entries this runtime reads are used, so nothing compiles."""
-    from ..jit.c_launchers import builds_c_modules, warm_c_launchers
+    would otherwise wait for gcc. So with the driver utilities keyed by this machine's libcuda.so.1
+    (3.8+): the first launch would build them, and fail on a read-only cache. Only entries this runtime
+    reads are used, so nothing compiles."""
+    from ..jit.c_launchers import warm_c_launchers, warms_c_modules
     from ..jit.cache import Manifest, entry_files
     from ..jit.cache.env import current_fingerprint, same_environment
     from ..jit.cache.manifest import entry_fingerprint
@@ -163,7 +165,7 @@ def _build_c_launchers(cache_dir, targets) -> dict:
     runtime, reports = current_fingerprint(), {}
     for name in targets:
         target = TARGETS.get(name)
-        if target is None or not builds_c_modules(target.backend):
+        if target is None or not warms_c_modules(target.backend):
             continue
         manifest = Manifest(cache_dir, name)
         environments = manifest.environments()

@@ -134,4 +134,23 @@ def format_env(fp: dict) -> list[str]:
     headers = "found" if build["python_headers"] else "MISSING"
     lines.append(f"C launchers  compiler {cc}; Python headers {headers} ({build['python_include']})"
                  + ("; a custom knobs.build.impl is set" if build["custom_build"] else ""))
-    return lines
+    return lines + _machine_keyed_utilities()
+
+
+def _machine_keyed_utilities() -> list[str]:
+    """Triton 3.8+ keys its cuda_utils by this machine's library directories: say whether warm-up here
+    can build it (the NVIDIA driver library is found) or the serving machine must."""
+    import importlib
+
+    import triton
+
+    from ..jit.c_launchers import machine_utilities_call, utilities_keyed_by_source
+    from ..jit.cache.env import keyed_for_another
+
+    if utilities_keyed_by_source() or keyed_for_another():
+        return []
+    if machine_utilities_call("cuda") is None:
+        return [f"cuda_utils   no libcuda.so.1 here: Triton {triton.__version__} keys it by the serving machine's "
+                "and builds it there at its first launch (a read-only cache: warm it on a serving machine)"]
+    dirs = importlib.import_module("triton.backends.nvidia.driver").libcuda_dirs()
+    return [f"cuda_utils   keyed by this machine's libcuda.so.1 in {', '.join(dirs)}: warmup here builds it"]

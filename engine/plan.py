@@ -104,7 +104,7 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
                    f"{report.planned} variants this engine launches ({', '.join(kernels)}); "
                    + _first_reason(report, target))
-    elif report.missing_c_launchers:  # Triton 3.6 would run gcc at the first launch of each signature
+    elif report.missing_c_launchers:  # Triton would run gcc at its first launch (and fail on a read-only cache)
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks "
                    f"{len(report.missing_c_launchers)} of Triton's C launchers this engine needs: "
                    f"{report.c_launcher_fix}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib
+import inspect
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LAUNCHER = "__triton_launcher"
+_THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine (Triton 3.8+)
 DRIVER_UTILITIES = {"cuda": "cuda_utils", "hip": "hip_utils"}
 
 _patch_lock = threading.RLock()
@@ -87,6 +89,12 @@ def builds_c_modules(backend: str) -> bool:
     return builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())
 
 
+def warms_c_modules(backend: str) -> bool:
+    """Whether warm-up on this machine builds C modules for ``backend``: this Triton's own, or the
+    driver utilities keyed by this machine (3.8+, where its NVIDIA driver library is found)."""
+    return builds_c_modules(backend) or machine_utilities_call(backend) is not None
+
+
 def serving_build_is_warmable(name: str) -> bool:
     """Whether warm-up puts the C module ``name`` in the cache on this Triton (serving-time policy)."""
     import torch
@@ -95,7 +103,7 @@ def serving_build_is_warmable(name: str) -> bool:
         return False
     if name == LAUNCHER:
         return builds_per_signature("cuda")
-    return name == DRIVER_UTILITIES["cuda"] and utilities_keyed_by_source()
+    return name == DRIVER_UTILITIES["cuda"] and warms_c_modules("cuda")
 
 
 def _c_compiler() -> str | None:
@@ -176,10 +184,15 @@ class BuilderCall:
 
     kwargs: dict
     needed_by: str
+    builder: str = "compile_module_from_src"  # the function of ``triton.runtime.build`` Triton calls
 
     @property
     def name(self) -> str:
         return self.kwargs["name"]
+
+    def look_up(self, build):
+        """Triton's own lookup (and, unless patched, build) of this module in the cache."""
+        return getattr(build, self.builder)(**self.kwargs)
 
     @property
     def label(self) -> str:
@@ -217,6 +230,46 @@ def builder_calls(compiled_kernels, backend: str, library_dir: str) -> list[Buil
         finally:
             vars(driver_module).update(saved)
     return list(calls.values())
+
+
+def machine_utilities_call(backend: str) -> BuilderCall | None:
+    """From Triton 3.8 the driver utilities' key also names this machine's library directories (where
+    ``libcuda.so.1`` lives, and Triton's own install path): the serving machine builds them when its
+    driver starts, into the cache, and fails there if the cache is read-only. A machine with the NVIDIA
+    driver library (a serving machine, with or without a GPU attached) knows that key: this is Triton's
+    own call for it, recorded, or None where the key is the source alone, or no ``libcuda.so.1`` is
+    here, or the cache is keyed for another environment (``--for``)."""
+    from .cache.env import keyed_for_another
+
+    if backend != "cuda" or utilities_keyed_by_source() or keyed_for_another():
+        return None
+    driver_module = _driver_module(backend)
+    try:
+        driver_module.library_dirs()
+    except Exception:  # Triton's own search finds no libcuda.so.1: no NVIDIA driver on this machine
+        return None
+    calls: list[BuilderCall] = []
+
+    def recorder(builder):
+        signature = inspect.signature(getattr(_build_module(), builder))
+
+        def record(*args, **kwargs):
+            kwargs = dict(signature.bind(*args, **kwargs).arguments)
+            calls.append(BuilderCall(kwargs, _THIS_MACHINE, builder))
+            return _NotLoaded(kwargs["name"])
+        return record
+
+    with _patch_lock:
+        saved = dict(vars(driver_module))  # CudaUtils sets module globals from the module it loads
+        for builder in ("compile_module_from_src", "compile_module_from_file"):
+            if hasattr(driver_module, builder):
+                setattr(driver_module, builder, recorder(builder))
+        try:
+            utilities = driver_module.CudaUtils
+            utilities.__init__(object.__new__(utilities))
+        finally:
+            vars(driver_module).update(saved)
+    return calls[0] if calls else None
 
 
 _DRIVER_CALL = re.compile(r"\b(cu[A-Z]\w*)\s*\(")
@@ -274,7 +327,8 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
     from .compile import triton_cache_dir
 
     backend = target.backend
-    if not variants or not builds_c_modules(backend):
+    machine = machine_utilities_call(backend) if variants else None
+    if not variants or not (builds_c_modules(backend) or machine):
         return None
     start = time.perf_counter()
     report = CLauncherReport()
@@ -290,15 +344,18 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
 
     with tempfile.TemporaryDirectory(prefix="tritonwarm-libcuda-") as library_dir, triton_cache_dir(cache_dir):
         try:
-            calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
-            write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
+            calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
+                if builds_c_modules(backend) else []
+            if calls:
+                write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
         except Exception as e:  # Triton's driver code changed shape, or the stub does not link: say so
             report.failed.append(f"preparing the C launchers: {type(e).__name__}: {e}")
             calls = []
+        calls += [machine] if machine else []  # linked against this machine's own libcuda.so.1
         report.modules = len(calls)
         with _lookups(count_build) as build:
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(calls) or 1))) as pool:
-                futures = {pool.submit(build.compile_module_from_src, **call.kwargs): call for call in calls}
+                futures = {pool.submit(call.look_up, build): call for call in calls}
                 for future in concurrent.futures.as_completed(futures):
                     try:
                         future.result()
@@ -322,6 +379,11 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
     if not missing:
         return [], None
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
+    if any(label.endswith(_THIS_MACHINE) for label in missing):
+        fix += " on this machine (Triton keys its cuda_utils by where this machine's libcuda.so.1 lives)"
+    if not os.access(cache_dir, os.W_OK):
+        fix = (f"the cache is read-only: Triton's first launch would fail writing them into it (Read-only file "
+               f"system): {fix}, before it is mounted read-only")
     return missing, fix
 
 
@@ -331,7 +393,8 @@ def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[st
     from .compile import triton_cache_dir
 
     backend = target.backend
-    if not variants or not builds_c_modules(backend):
+    machine = machine_utilities_call(backend) if variants else None
+    if not variants or not (builds_c_modules(backend) or machine):
         return 0, []
     if backend != "cuda":
         return 0, []  # built on the serving machine only; warm-up says why
@@ -342,11 +405,13 @@ def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[st
 
     before = set(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else set()
     with tempfile.TemporaryDirectory() as library_dir, triton_cache_dir(cache_dir):
-        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir)
+        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
+            if builds_c_modules(backend) else []
+        calls += [machine] if machine else []
         with _lookups(refuse) as build:
             for call in calls:
                 try:
-                    build.compile_module_from_src(**call.kwargs)
+                    call.look_up(build)
                 except (_Missing, OSError):  # OSError: a read-only cache without it
                     missing.append(call.label)
     for name in set(os.listdir(cache_dir)) - before:  # Triton makes a folder per lookup: leave none behind
