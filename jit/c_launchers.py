@@ -381,9 +381,9 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
     if any(label.endswith(_THIS_MACHINE) for label in missing):
         fix += " on this machine (Triton keys its cuda_utils by where this machine's libcuda.so.1 lives)"
-    if not os.access(cache_dir, os.W_OK):
-        fix = (f"the cache is read-only: Triton's first launch would fail writing them into it (Read-only file "
-               f"system): {fix}, before it is mounted read-only")
+    if not os.access(cache_dir, os.W_OK):  # Triton creates each module's folder before it builds: an OSError
+        fix = (f"this process cannot write to the cache (read-only, or another owner's): Triton's first launch "
+               f"would fail writing them into it: {fix}, before it is mounted read-only")
     return missing, fix
 
 

@@ -332,6 +332,6 @@ def test_driver_utilities_keyed_by_this_machine_serve_a_read_only_cache(tmp_path
                                                env=env).stdout
         shutil.rmtree(module.parent)  # removed under the mount: the fleet's volume without it
         out = run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout
-    assert ("1 C launchers missing (Triton would build them at first launch): the cache is read-only: Triton's "
-            "first launch would fail writing them into it (Read-only file system)") in out
+    assert ("1 C launchers missing (Triton would build them at first launch): this process cannot write to the "
+            "cache (read-only, or another owner's): Triton's first launch would fail writing them into it") in out
     assert "on this machine (Triton keys its cuda_utils by where this machine's libcuda.so.1 lives)" in out
