@@ -153,4 +153,7 @@ def _machine_keyed_utilities() -> list[str]:
         return [f"cuda_utils   no libcuda.so.1 here: Triton {triton.__version__} keys it by the serving machine's "
                 "and builds it there at its first launch (a read-only cache: warm it on a serving machine)"]
     dirs = importlib.import_module("triton.backends.nvidia.driver").libcuda_dirs()
-    return [f"cuda_utils   keyed by this machine's libcuda.so.1 in {', '.join(dirs)}: warmup here builds it"]
+    if any(os.path.exists(os.path.join(d, "libcuda.so.1")) for d in dirs):
+        return [f"cuda_utils   keyed by this machine's libcuda.so.1 in {', '.join(dirs)}: warmup here builds it"]
+    return [f"cuda_utils   keyed by libcuda.so.1 in {', '.join(dirs)} (TRITON_LIBCUDA_PATH; not on this machine): "
+            "warmup here builds it for servers that have it there and set the same TRITON_LIBCUDA_PATH"]

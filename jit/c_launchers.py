@@ -5,7 +5,8 @@ it (``__triton_launcher<EXT_SUFFIX>`` in ``<cache>/<sha256(source + platform)>/`
 the driver's ``cuda_utils`` the same way: gcc, the Python headers, Triton's bundled CUDA headers.
 Triton 3.7 has one generic launcher inside ``cuda_utils`` and builds none per signature (``cuda_utils``
 is still keyed by its source alone); from 3.8 the key of ``cuda_utils`` also names the library
-directories of the serving machine (where ``libcuda.so.1`` lives), which a build machine cannot know.
+directories of the serving machine (where ``libcuda.so.1`` lives): known where Triton finds that
+library, or where ``TRITON_LIBCUDA_PATH`` names it, as it must then on the serving machine too.
 
 Nothing here re-implements Triton: its own driver classes (``CudaLauncher``, ``CudaUtils``) generate
 each source, with their call to the builder recorded instead of run; Triton's own
@@ -190,6 +191,12 @@ class BuilderCall:
     def name(self) -> str:
         return self.kwargs["name"]
 
+    @property
+    def source(self) -> str:
+        if "src" in self.kwargs:
+            return self.kwargs["src"]
+        return Path(self.kwargs["src_path"]).read_text()
+
     def look_up(self, build):
         """Triton's own lookup (and, unless patched, build) of this module in the cache."""
         return getattr(build, self.builder)(**self.kwargs)
@@ -235,10 +242,11 @@ def builder_calls(compiled_kernels, backend: str, library_dir: str) -> list[Buil
 def machine_utilities_call(backend: str) -> BuilderCall | None:
     """From Triton 3.8 the driver utilities' key also names this machine's library directories (where
     ``libcuda.so.1`` lives, and Triton's own install path): the serving machine builds them when its
-    driver starts, into the cache, and fails there if the cache is read-only. A machine with the NVIDIA
-    driver library (a serving machine, with or without a GPU attached) knows that key: this is Triton's
-    own call for it, recorded, or None where the key is the source alone, or no ``libcuda.so.1`` is
-    here, or the cache is keyed for another environment (``--for``)."""
+    driver starts, into the cache, and fails there if the cache is read-only. Where Triton finds that
+    library (a serving machine, with or without a GPU attached), or is told where the serving machines
+    have it (``TRITON_LIBCUDA_PATH``, set the same way there), the key is known: this is Triton's own
+    call for it, recorded. None where the key is the source alone, or Triton finds no ``libcuda.so.1``,
+    or the cache is keyed for another environment (``--for``)."""
     from .cache.env import keyed_for_another
 
     if backend != "cuda" or utilities_keyed_by_source() or keyed_for_another():
@@ -246,7 +254,7 @@ def machine_utilities_call(backend: str) -> BuilderCall | None:
     driver_module = _driver_module(backend)
     try:
         driver_module.library_dirs()
-    except Exception:  # Triton's own search finds no libcuda.so.1: no NVIDIA driver on this machine
+    except Exception:  # Triton's own search finds no libcuda.so.1 and none is named: the key is unknown
         return None
     calls: list[BuilderCall] = []
 
@@ -289,21 +297,22 @@ def write_stub_libcuda(directory: str, sources: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def _lookups(on_miss):
-    """Triton's own cache lookup of C modules, with ``on_miss(name)`` run instead of a build when
-    ``on_miss`` is given, and nothing loaded into this process."""
+def _lookups(on_miss, link_dir: str | None = None):
+    """Triton's own cache lookup of C modules, with ``on_miss(name)`` run before a build (it may refuse
+    it) and nothing loaded into this process. ``link_dir`` is searched first when linking (where the stub
+    ``libcuda.so.1`` is): the key keeps the library dirs Triton names, the module records no path."""
     build = _build_module()
     with _patch_lock:
         saved = build._load_module_from_path, build._build
         build._load_module_from_path = _NotLoaded
-        if on_miss is not None:
-            original_build = saved[1]
+        original_build = saved[1]
 
-            def build_or_refuse(name, *args, **kwargs):
-                on_miss(name)
-                return original_build(name, *args, **kwargs)
+        def build_or_refuse(name, src, srcdir, library_dirs, *args, **kwargs):
+            on_miss(name)
+            library_dirs = [link_dir, *library_dirs] if link_dir else library_dirs
+            return original_build(name, src, srcdir, library_dirs, *args, **kwargs)
 
-            build._build = build_or_refuse
+        build._build = build_or_refuse
         try:
             yield build
         finally:
@@ -346,14 +355,13 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
         try:
             calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
                 if builds_c_modules(backend) else []
-            if calls:
-                write_stub_libcuda(library_dir, [call.kwargs["src"] for call in calls])
+            calls += [machine] if machine else []
+            write_stub_libcuda(library_dir, [call.source for call in calls])
         except Exception as e:  # Triton's driver code changed shape, or the stub does not link: say so
             report.failed.append(f"preparing the C launchers: {type(e).__name__}: {e}")
             calls = []
-        calls += [machine] if machine else []  # linked against this machine's own libcuda.so.1
         report.modules = len(calls)
-        with _lookups(count_build) as build:
+        with _lookups(count_build, link_dir=library_dir) as build:
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(calls) or 1))) as pool:
                 futures = {pool.submit(call.look_up, build): call for call in calls}
                 for future in concurrent.futures.as_completed(futures):
@@ -380,7 +388,8 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
         return [], None
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
     if any(label.endswith(_THIS_MACHINE) for label in missing):
-        fix += " on this machine (Triton keys its cuda_utils by where this machine's libcuda.so.1 lives)"
+        fix += (" on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys "
+                "cuda_utils by that place)")
     if not os.access(cache_dir, os.W_OK):  # Triton creates each module's folder before it builds: an OSError
         fix = (f"this process cannot write to the cache (read-only, or another owner's): Triton's first launch "
                f"would fail writing them into it: {fix}, before it is mounted read-only")

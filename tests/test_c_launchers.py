@@ -279,9 +279,11 @@ print("driver started")
 
 
 @pytest.fixture
-def this_machines_driver(tmp_path, monkeypatch):
-    """A folder with a ``libcuda.so.1`` Triton finds (``TRITON_LIBCUDA_PATH``), standing for this
-    machine's NVIDIA driver: a stub defining every driver function ``cuda_utils`` calls."""
+def declared_driver(tmp_path, monkeypatch):
+    """Where the serving machines have their NVIDIA driver's ``libcuda.so.1``, declared with
+    ``TRITON_LIBCUDA_PATH`` (an empty folder here, as on an image build machine); ``install()`` puts a
+    stub there defining every driver function ``cuda_utils`` calls, as the container runtime mounts
+    the real library at serving time."""
     from triton.backends.nvidia import driver as cuda_driver
 
     folder = tmp_path / "nvidia-driver"
@@ -290,48 +292,52 @@ def this_machines_driver(tmp_path, monkeypatch):
     caches = (cuda_driver.libcuda_dirs, cuda_driver.library_dirs)
     for cached in caches:
         cached.cache_clear()
-    call = c_launchers.machine_utilities_call("cuda")
-    source = call.kwargs.get("src") or open(call.kwargs["src_path"]).read()
-    c_launchers.write_stub_libcuda(str(folder), [source])
-    yield folder
+    source = c_launchers.machine_utilities_call("cuda").source
+    yield types.SimpleNamespace(folder=folder, install=lambda: c_launchers.write_stub_libcuda(str(folder), [source]))
     for cached in caches:
         cached.cache_clear()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not MACHINE_KEYED, reason="cuda_utils is keyed by its source alone here: warmed anywhere")
-def test_driver_utilities_keyed_by_this_machine_serve_a_read_only_cache(tmp_path, this_machines_driver,
-                                                                         read_only_mount, run_cli):
-    """From Triton 3.8 the driver builds ``cuda_utils`` when it starts, keyed by where this machine's
-    libcuda.so.1 lives, into the cache: on a read-only cache (a volume a fleet mounts read-only) the
-    first launch fails. Warm-up on the serving machine builds it; Triton's own driver start then finds
-    it there and builds nothing; `check` names it when it is missing."""
+def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(tmp_path, declared_driver,
+                                                                                read_only_mount, run_cli):
+    """From Triton 3.8 the driver builds ``cuda_utils`` when it starts, keyed by where the machine's
+    libcuda.so.1 lives, into the cache: on a read-only cache (an image run with a read-only root, a
+    volume a fleet mounts read-only) the first launch fails. Warm-up with that place declared builds
+    it, on a machine without the library (an image build); Triton's own driver start on the serving
+    machine then finds it and builds nothing; `check` names it when it is missing."""
     spec = tmp_path / "rms.yaml"
     spec.write_text("kernel: tritonwarm.launchers.rms_norm:rms_norm\nargs:\n"
                     "  x: {tensor: [3, 4096], dtype: bfloat16}\n  weight: {tensor: [4096], dtype: bfloat16}\n")
-    env = {**os.environ, "LD_LIBRARY_PATH": str(this_machines_driver)}
+    driver = declared_driver.folder
+    env = {**os.environ, "LD_LIBRARY_PATH": str(driver)}
     start = [sys.executable, "-c", DRIVER_START]
 
-    (tmp_path / "empty").mkdir()
-    with read_only_mount(tmp_path / "empty", tmp_path / "ro-empty") as empty:
-        failed = subprocess.run(start, capture_output=True, text=True, env={**env, "TRITON_CACHE_DIR": str(empty)})
-    assert failed.returncode != 0 and "driver start failed" in failed.stderr and "Read-only file system" in \
-        failed.stderr, failed.stderr  # Triton's own behaviour, which warm-up has to prevent
-
-    assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {this_machines_driver}: warmup here builds it" in \
-        run_cli("env", rc=0, env=env).stdout
+    assert (f"cuda_utils   keyed by libcuda.so.1 in {driver} (TRITON_LIBCUDA_PATH; not on this machine): warmup "
+            "here builds it") in run_cli("env", rc=0, env=env).stdout
     cache = tmp_path / "cache"
     out = run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env).stdout
     assert "C launchers: 1 needed: 1 built" in out
     [module] = cache.glob(f"*/cuda_utils{EXT_SUFFIX}")
+    assert not list(driver.iterdir())  # built without the library, linked against a stub elsewhere
+
+    declared_driver.install()  # serving: the driver's library is where it was declared
+    (tmp_path / "empty").mkdir()
+    with read_only_mount(tmp_path / "empty", tmp_path / "ro-empty") as empty:
+        failed = subprocess.run(start, capture_output=True, text=True, env={**env, "TRITON_CACHE_DIR": str(empty)})
+    assert failed.returncode != 0 and "driver start failed" in failed.stderr and "Read-only file system" in \
+        failed.stderr, failed.stderr  # Triton's own behaviour on a cache without it, which warm-up prevents
     with read_only_mount(cache, tmp_path / "ro") as served:
         started = subprocess.run(start + ["--no-build"], capture_output=True, text=True,
                                  env={**env, "TRITON_CACHE_DIR": str(served)})
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
+        assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {driver}" in run_cli("env", rc=0, env=env).stdout
         assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0,
                                                env=env).stdout
         shutil.rmtree(module.parent)  # removed under the mount: the fleet's volume without it
         out = run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout
     assert ("1 C launchers missing (Triton would build them at first launch): this process cannot write to the "
             "cache (read-only, or another owner's): Triton's first launch would fail writing them into it") in out
-    assert "on this machine (Triton keys its cuda_utils by where this machine's libcuda.so.1 lives)" in out
+    assert ("on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys cuda_utils "
+            "by that place), before it is mounted read-only") in out
