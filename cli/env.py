@@ -138,8 +138,8 @@ def format_env(fp: dict) -> list[str]:
 
 
 def _machine_keyed_utilities() -> list[str]:
-    """Triton 3.8+ keys its cuda_utils by this machine's library directories: say whether warm-up here
-    can build it (the NVIDIA driver library is found) or the serving machine must."""
+    """Triton 3.8+ keys its cuda_utils by where ``libcuda.so.1`` is: say whether warm-up here can build
+    it (Triton finds the library, or ``TRITON_LIBCUDA_PATH`` names its place) or the serving machine must."""
     import importlib
 
     import triton
@@ -151,7 +151,8 @@ def _machine_keyed_utilities() -> list[str]:
         return []
     if machine_utilities_call("cuda") is None:
         return [f"cuda_utils   no libcuda.so.1 here: Triton {triton.__version__} keys it by the serving machine's "
-                "and builds it there at its first launch (a read-only cache: warm it on a serving machine)"]
+                "and builds it there at its first launch (for a read-only cache, warm on a serving machine or set "
+                "TRITON_LIBCUDA_PATH to where the servers have it)"]
     dirs = importlib.import_module("triton.backends.nvidia.driver").libcuda_dirs()
     if any(os.path.exists(os.path.join(d, "libcuda.so.1")) for d in dirs):
         return [f"cuda_utils   keyed by this machine's libcuda.so.1 in {', '.join(dirs)}: warmup here builds it"]

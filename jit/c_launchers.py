@@ -92,7 +92,7 @@ def builds_c_modules(backend: str) -> bool:
 
 def warms_c_modules(backend: str) -> bool:
     """Whether warm-up on this machine builds C modules for ``backend``: this Triton's own, or the
-    driver utilities keyed by this machine (3.8+, where its NVIDIA driver library is found)."""
+    driver utilities keyed by where ``libcuda.so.1`` is (3.8+, where Triton finds it or is told)."""
     return builds_c_modules(backend) or machine_utilities_call(backend) is not None
 
 
