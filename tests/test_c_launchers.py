@@ -298,8 +298,13 @@ def declared_driver(tmp_path, monkeypatch):
         cached.cache_clear()
 
 
+RMS_SPEC = ("kernel: tritonwarm.launchers.rms_norm:rms_norm\nargs:\n"
+            "  x: {tensor: [3, 4096], dtype: bfloat16}\n  weight: {tensor: [4096], dtype: bfloat16}\n")
+needs_machine_key = pytest.mark.skipif(not MACHINE_KEYED, reason="cuda_utils is keyed by its source alone here")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not MACHINE_KEYED, reason="cuda_utils is keyed by its source alone here: warmed anywhere")
+@needs_machine_key
 def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(tmp_path, declared_driver,
                                                                                 read_only_mount, run_cli):
     """From Triton 3.8 the driver builds ``cuda_utils`` when it starts, keyed by where the machine's
@@ -308,8 +313,7 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
     it, on a machine without the library (an image build); Triton's own driver start on the serving
     machine then finds it and builds nothing; `check` names it when it is missing."""
     spec = tmp_path / "rms.yaml"
-    spec.write_text("kernel: tritonwarm.launchers.rms_norm:rms_norm\nargs:\n"
-                    "  x: {tensor: [3, 4096], dtype: bfloat16}\n  weight: {tensor: [4096], dtype: bfloat16}\n")
+    spec.write_text(RMS_SPEC)
     driver = declared_driver.folder
     env = {**os.environ, "LD_LIBRARY_PATH": str(driver)}
     start = [sys.executable, "-c", DRIVER_START]
@@ -341,3 +345,20 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
             "cache (read-only, or another owner's): Triton's first launch would fail writing them into it") in out
     assert ("on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys cuda_utils "
             "by that place), before it is mounted read-only") in out
+
+
+@pytest.mark.slow
+@needs_machine_key
+def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_declared_place(
+        tmp_path, declared_driver, run_cli):
+    """The README's Dockerfile: a bundle made in CI, installed at image build (no driver) with
+    ``TRITON_LIBCUDA_PATH`` declared: the installed cache holds the ``cuda_utils`` the servers need."""
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(RMS_SPEC)
+    build, served, bundle = tmp_path / "build", tmp_path / "served", tmp_path / "warm.tar.gz"
+    run_cli("warmup", spec, "--target", "sm90", "--cache-dir", build, rc=0)
+    run_cli("bundle", "create", bundle, spec, "--target", "sm90", "--cache-dir", build, rc=0)
+    out = run_cli("bundle", "install", bundle, "--cache-dir", served, rc=0).stdout
+    assert "C launchers: 1 needed: 1 built" in out, out
+    assert len(list(served.glob(f"*/cuda_utils{EXT_SUFFIX}"))) == 1
+    assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
