@@ -37,6 +37,8 @@ from pathlib import Path
 
 LAUNCHER = "__triton_launcher"
 _THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine (Triton 3.8+)
+_WHERE_CUDA_UTILITIES_ARE_KEYED = (" on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 "
+                                  "(Triton keys cuda_utils by that place)")
 DRIVER_UTILITIES = {"cuda": "cuda_utils", "hip": "hip_utils"}
 
 _patch_lock = threading.RLock()
@@ -105,6 +107,13 @@ def serving_build_is_warmable(name: str) -> bool:
     if name == LAUNCHER:
         return builds_per_signature("cuda")
     return name == DRIVER_UTILITIES["cuda"] and warms_c_modules("cuda")
+
+
+def serving_build_fix(name: str) -> str:
+    """What warm-up needs to have built the C module ``name`` that serving is building."""
+    machine_keyed = name == DRIVER_UTILITIES["cuda"] and not utilities_keyed_by_source()
+    return ("warm up with this Python, a C compiler and its headers"
+            + (_WHERE_CUDA_UTILITIES_ARE_KEYED if machine_keyed else ""))
 
 
 def _c_compiler() -> str | None:
@@ -388,8 +397,7 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
         return [], None
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
     if any(label.endswith(_THIS_MACHINE) for label in missing):
-        fix += (" on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys "
-                "cuda_utils by that place)")
+        fix += _WHERE_CUDA_UTILITIES_ARE_KEYED
     if not os.access(cache_dir, os.W_OK):  # Triton creates each module's folder before it builds: an OSError
         fix = (f"this process cannot write to the cache (read-only, or another owner's): Triton's first launch "
                f"would fail writing them into it: {fix}, before it is mounted read-only")

@@ -239,14 +239,14 @@ def _counting_c_builds(monitor: DispatchMonitor):
     count as compiles at serving time; under policy ``error`` one that warm-up would have made is refused."""
     from triton.runtime import build
 
-    from .c_launchers import serving_build_is_warmable
+    from .c_launchers import serving_build_fix, serving_build_is_warmable
 
     original = build._build
 
     def counted_build(name, *args, **kwargs):
         if monitor.policy != "off":
             message = (f"Triton is building its C module {name} at serving time: {monitor.cache_dir} lacks it "
-                       "(warm up with this Python, a C compiler and its headers)")
+                       f"({serving_build_fix(name)})")
             if monitor.policy == "error" and serving_build_is_warmable(name):
                 raise JitPolicyError(message)
             log.warning(message)

@@ -238,13 +238,14 @@ def test_error_policy_refuses_a_launcher_build_before_it_starts(tmp_path):
 
 @pytest.mark.skipif(c_launchers.serving_build_is_warmable("cuda_utils"), reason="warm-up builds cuda_utils here")
 def test_error_policy_counts_what_no_warmup_could_provide(tmp_path, caplog):
-    """From Triton 3.8 cuda_utils' key names the serving machine's library dirs: counted and logged."""
+    """From Triton 3.8 cuda_utils' key names where libcuda.so.1 is: unknown here, counted and logged."""
     from triton.runtime.build import compile_module_from_src
 
     monitor = DispatchMonitor(tmp_path, policy="error")
     with triton_cache_dir(tmp_path), monitor.serving():
         compile_module_from_src(_probe_source("cuda_utils"), "cuda_utils")
     assert monitor.c_builds == ["cuda_utils"] and monitor.compiles == 1
+    assert "on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1" in caplog.text
 
 
 @pytest.mark.slow
