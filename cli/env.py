@@ -138,16 +138,24 @@ def format_env(fp: dict) -> list[str]:
 
 
 def _machine_keyed_utilities() -> list[str]:
-    """Triton 3.8+ keys its cuda_utils by where ``libcuda.so.1`` is: say whether warm-up here can build
-    it (Triton finds the library, or ``TRITON_LIBCUDA_PATH`` names its place) or the serving machine must."""
+    """Driver utilities keyed by where the driver library is (CUDA from Triton 3.8, AMD always): say
+    whether warm-up here can build them (Triton finds the library, or ``TRITON_LIBCUDA_PATH`` /
+    ``TRITON_LIBHIP_PATH`` names it) or the serving machine must."""
+    from ..jit.cache.env import keyed_for_another
+
+    if keyed_for_another():
+        return []
+    return _cuda_utilities() + _hip_utilities()
+
+
+def _cuda_utilities() -> list[str]:
     import importlib
 
     import triton
 
     from ..jit.c_launchers import machine_utilities_call, utilities_keyed_by_source
-    from ..jit.cache.env import keyed_for_another
 
-    if utilities_keyed_by_source() or keyed_for_another():
+    if utilities_keyed_by_source():
         return []
     if machine_utilities_call("cuda") is None:
         return [f"cuda_utils   no libcuda.so.1 here: Triton {triton.__version__} keys it by the serving machine's "
@@ -158,3 +166,12 @@ def _machine_keyed_utilities() -> list[str]:
         return [f"cuda_utils   keyed by this machine's libcuda.so.1 in {', '.join(dirs)}: warmup here builds it"]
     return [f"cuda_utils   keyed by libcuda.so.1 in {', '.join(dirs)} (TRITON_LIBCUDA_PATH; not on this machine): "
             "warmup here builds it for servers that have it there and set the same TRITON_LIBCUDA_PATH"]
+
+
+def _hip_utilities() -> list[str]:
+    """Only where a HIP runtime is found or named: a CUDA machine has nothing to say about it."""
+    from ..jit.c_launchers import hip_runtime_path
+
+    path = hip_runtime_path()
+    return [f"hip_utils    keyed by the HIP runtime {path}: warmup here builds it (and Triton 3.6's launchers)"] \
+        if path else []

@@ -14,8 +14,11 @@ each source, with their call to the builder recorded instead of run; Triton's ow
 a ``libcuda.so.1``: a stub with that name, made here, since the launcher opens the real one at run
 time. Nothing is loaded into this process and no GPU is touched.
 
-HIP (3.6) is not warmed: its launcher source embeds the absolute path of the serving machine's
-``libamdhip64.so``, found when the driver starts, so its cache key is only known there.
+On AMD, every version's ``hip_utils`` (and 3.6's launchers) embed the absolute path of
+``libamdhip64.so`` in their source, found when the driver starts: they are warmed where Triton's own
+search finds it (an AMD server, or its image, where ROCm's PyTorch ships it) or ``TRITON_LIBHIP_PATH``
+names it, as it must then on the serving machine too. Nothing links against it (it is opened at run
+time), so no stub is needed.
 """
 
 from __future__ import annotations
@@ -36,9 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LAUNCHER = "__triton_launcher"
-_THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine (Triton 3.8+)
-_WHERE_CUDA_UTILITIES_ARE_KEYED = (" on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 "
-                                  "(Triton keys cuda_utils by that place)")
+_THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine
+_WHERE_KEYED = {  # the fix's tail for what is keyed by where this machine's driver library is
+    "cuda": (" on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 "
+             "(Triton keys cuda_utils by that place)"),
+    "hip": (" on this machine, or with TRITON_LIBHIP_PATH naming its libamdhip64.so "
+            "(Triton writes that path into the source of each)"),
+}
+_LAUNCHER_CLASS = {"cuda": "CudaLauncher", "hip": "HIPLauncher"}
+_UTILITIES_CLASS = {"cuda": "CudaUtils", "hip": "HIPUtils"}
 DRIVER_UTILITIES = {"cuda": "cuda_utils", "hip": "hip_utils"}
 
 _patch_lock = threading.RLock()
@@ -88,13 +97,25 @@ def utilities_keyed_by_source() -> bool:
 
 
 def builds_c_modules(backend: str) -> bool:
-    """Whether warm-up has C modules to build for this backend on this Triton (launchers or utilities)."""
+    """Whether this Triton builds C modules per kernel signature, or driver utilities keyed by their
+    source alone, for this backend (launchers or utilities a build machine can warm)."""
     return builds_per_signature(backend) or (backend == "cuda" and utilities_keyed_by_source())
+
+
+def hip_runtime_path() -> str | None:
+    """The ``libamdhip64.so`` Triton's AMD driver would open (its own search, ``TRITON_LIBHIP_PATH``
+    first), or None where it finds none: the path is part of the source of every HIP C module."""
+    try:
+        return _driver_module("hip")._get_path_to_hip_runtime_dylib()
+    except Exception:  # RuntimeError: not found; anything else: Triton's search changed shape
+        return None
 
 
 def warms_c_modules(backend: str) -> bool:
     """Whether warm-up on this machine builds C modules for ``backend``: this Triton's own, or the
-    driver utilities keyed by where ``libcuda.so.1`` is (3.8+, where Triton finds it or is told)."""
+    driver utilities keyed by where the driver library is (where Triton finds it or is told)."""
+    if backend == "hip" and hip_runtime_path() is None:
+        return False
     return builds_c_modules(backend) or machine_utilities_call(backend) is not None
 
 
@@ -102,18 +123,19 @@ def serving_build_is_warmable(name: str) -> bool:
     """Whether warm-up puts the C module ``name`` in the cache on this Triton (serving-time policy)."""
     import torch
 
-    if torch.version.hip is not None:
-        return False
+    backend = "hip" if torch.version.hip is not None else "cuda"
     if name == LAUNCHER:
-        return builds_per_signature("cuda")
-    return name == DRIVER_UTILITIES["cuda"] and warms_c_modules("cuda")
+        return builds_per_signature(backend) and (backend == "cuda" or hip_runtime_path() is not None)
+    return name == DRIVER_UTILITIES[backend] and warms_c_modules(backend)
 
 
 def serving_build_fix(name: str) -> str:
     """What warm-up needs to have built the C module ``name`` that serving is building."""
-    machine_keyed = name == DRIVER_UTILITIES["cuda"] and not utilities_keyed_by_source()
-    return ("warm up with this Python, a C compiler and its headers"
-            + (_WHERE_CUDA_UTILITIES_ARE_KEYED if machine_keyed else ""))
+    import torch
+
+    backend = "hip" if torch.version.hip is not None else "cuda"
+    machine_keyed = backend == "hip" or (name == DRIVER_UTILITIES["cuda"] and not utilities_keyed_by_source())
+    return "warm up with this Python, a C compiler and its headers" + (_WHERE_KEYED[backend] if machine_keyed else "")
 
 
 def _c_compiler() -> str | None:
@@ -138,9 +160,10 @@ def why_not_buildable(backend: str, serving: dict | None = None) -> str | None:
     """One line saying why the C launchers cannot be built here, with the fix; None when they can."""
     from triton import knobs
 
-    if backend != "cuda":
-        return ("Triton's HIP launcher embeds the path of the serving machine's libamdhip64.so, so only the "
-                "serving machine can build it (it will, once per signature, at first launch)")
+    if backend == "hip" and hip_runtime_path() is None:
+        return ("Triton's HIP modules embed the path of the serving machine's libamdhip64.so, and Triton finds "
+                "none here: warm on an AMD server (or in its image, with ROCm's PyTorch), or set TRITON_LIBHIP_PATH "
+                "to that path here and there")
     python = (serving or {}).get("python", {})
     ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if python.get("ext_suffix") and python["ext_suffix"] != ext_suffix:
@@ -231,15 +254,16 @@ def builder_calls(compiled_kernels, backend: str, library_dir: str) -> list[Buil
         calls.setdefault((name, src), BuilderCall(kwargs, needed_by))
         return _NotLoaded(name)
 
-    with _patch_lock, _driver_library_dirs(driver_module, library_dir):
+    libraries = _driver_library_dirs(driver_module, library_dir) if backend == "cuda" else contextlib.nullcontext()
+    with _patch_lock, libraries:
         saved = dict(vars(driver_module))  # CudaUtils sets module globals from the module it loads
         driver_module.compile_module_from_src = record
         try:
             if builds_per_signature(backend):
                 for kernel in compiled_kernels:
                     needed_by = kernel.name
-                    driver_module.CudaLauncher(kernel.src, kernel.metadata)
-            if utilities_keyed_by_source():
+                    getattr(driver_module, _LAUNCHER_CLASS[backend])(kernel.src, kernel.metadata)
+            if backend == "cuda" and utilities_keyed_by_source():
                 needed_by = "the driver"
                 utilities = driver_module.CudaUtils
                 utilities.__init__(object.__new__(utilities))
@@ -249,22 +273,30 @@ def builder_calls(compiled_kernels, backend: str, library_dir: str) -> list[Buil
 
 
 def machine_utilities_call(backend: str) -> BuilderCall | None:
-    """From Triton 3.8 the driver utilities' key also names this machine's library directories (where
-    ``libcuda.so.1`` lives, and Triton's own install path): the serving machine builds them when its
-    driver starts, into the cache, and fails there if the cache is read-only. Where Triton finds that
-    library (a serving machine, with or without a GPU attached), or is told where the serving machines
-    have it (``TRITON_LIBCUDA_PATH``, set the same way there), the key is known: this is Triton's own
-    call for it, recorded. None where the key is the source alone, or Triton finds no ``libcuda.so.1``,
-    or the cache is keyed for another environment (``--for``)."""
+    """The driver utilities whose key names where this machine's driver library is: from Triton 3.8
+    CUDA's (its library directories: where ``libcuda.so.1`` lives, and Triton's own install path), on
+    AMD every version's (``libamdhip64.so``'s path is in the source). The serving machine builds them
+    when its driver starts, into the cache, and fails there if the cache is read-only. Where Triton
+    finds that library (a serving machine, with or without a GPU attached), or is told where the
+    serving machines have it (``TRITON_LIBCUDA_PATH`` / ``TRITON_LIBHIP_PATH``, set the same way
+    there), the key is known: this is Triton's own call for it, recorded. None where the key is the
+    source alone, or Triton finds no such library, or the cache is keyed for another environment
+    (``--for``)."""
     from .cache.env import keyed_for_another
 
-    if backend != "cuda" or utilities_keyed_by_source() or keyed_for_another():
+    if keyed_for_another():
         return None
     driver_module = _driver_module(backend)
-    try:
-        driver_module.library_dirs()
-    except Exception:  # Triton's own search finds no libcuda.so.1 and none is named: the key is unknown
+    if backend == "hip":
+        if hip_runtime_path() is None:
+            return None
+    elif utilities_keyed_by_source():
         return None
+    else:
+        try:
+            driver_module.library_dirs()
+        except Exception:  # Triton's own search finds no libcuda.so.1 and none is named: the key is unknown
+            return None
     calls: list[BuilderCall] = []
 
     def recorder(builder):
@@ -282,7 +314,7 @@ def machine_utilities_call(backend: str) -> BuilderCall | None:
             if hasattr(driver_module, builder):
                 setattr(driver_module, builder, recorder(builder))
         try:
-            utilities = driver_module.CudaUtils
+            utilities = getattr(driver_module, _UTILITIES_CLASS[backend])
             utilities.__init__(object.__new__(utilities))
         finally:
             vars(driver_module).update(saved)
@@ -365,7 +397,8 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
             calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
                 if builds_c_modules(backend) else []
             calls += [machine] if machine else []
-            write_stub_libcuda(library_dir, [call.source for call in calls])
+            if backend == "cuda":  # (HIP modules open libamdhip64.so at run time, by path: nothing to link)
+                write_stub_libcuda(library_dir, [call.source for call in calls])
         except Exception as e:  # Triton's driver code changed shape, or the stub does not link: say so
             report.failed.append(f"preparing the C launchers: {type(e).__name__}: {e}")
             calls = []
@@ -396,8 +429,8 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
     if not missing:
         return [], None
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
-    if any(label.endswith(_THIS_MACHINE) for label in missing):
-        fix += _WHERE_CUDA_UTILITIES_ARE_KEYED
+    if target.backend == "hip" or any(label.endswith(_THIS_MACHINE) for label in missing):
+        fix += _WHERE_KEYED[target.backend]
     if not os.access(cache_dir, os.W_OK):  # Triton creates each module's folder before it builds: an OSError
         fix = (f"this process cannot write to the cache (read-only, or another owner's): Triton's first launch "
                f"would fail writing them into it: {fix}, before it is mounted read-only")
@@ -413,8 +446,8 @@ def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[st
     machine = machine_utilities_call(backend) if variants else None
     if not variants or not (builds_c_modules(backend) or machine):
         return 0, []
-    if backend != "cuda":
-        return 0, []  # built on the serving machine only; warm-up says why
+    if backend == "hip" and hip_runtime_path() is None:
+        return 0, []  # the keys name the serving machine's libamdhip64.so; warm-up says why
     missing: list[str] = []
 
     def refuse(name):

@@ -264,7 +264,7 @@ MACHINE_KEYED = not c_launchers.utilities_keyed_by_source()
 DRIVER_START = """
 import sys
 from triton.runtime import build
-from triton.backends.nvidia.driver import CudaUtils
+from triton.backends.BACKEND.driver import UTILITIES as CudaUtils
 
 def refuse(name, *args, **kwargs):
     sys.exit(f"Triton built {name}")
@@ -277,6 +277,13 @@ except OSError as e:
     sys.exit(f"driver start failed: {e}")
 print("driver started")
 """
+
+
+def driver_start(backend: str) -> list[str]:
+    """A process that starts Triton's driver for ``backend`` as a first launch does; ``--no-build``
+    makes any build of a C module fail it."""
+    script = DRIVER_START.replace("BACKEND", {"cuda": "nvidia", "hip": "amd"}[backend])
+    return [sys.executable, "-c", script.replace("UTILITIES", {"cuda": "CudaUtils", "hip": "HIPUtils"}[backend])]
 
 
 @pytest.fixture
@@ -317,7 +324,7 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
     spec.write_text(RMS_SPEC)
     driver = declared_driver.folder
     env = {**os.environ, "LD_LIBRARY_PATH": str(driver)}
-    start = [sys.executable, "-c", DRIVER_START]
+    start = driver_start("cuda")
 
     assert (f"cuda_utils   keyed by libcuda.so.1 in {driver} (TRITON_LIBCUDA_PATH; not on this machine): warmup "
             "here builds it") in run_cli("env", rc=0, env=env).stdout
@@ -363,3 +370,44 @@ def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_de
     assert "C launchers: 1 needed: 1 built" in out, out
     assert len(list(served.glob(f"*/cuda_utils{EXT_SUFFIX}"))) == 1
     assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
+
+
+HIP_RUNTIME_STUB = """
+int hipDriverGetVersion(int *version) { *version = 70000000; return 0; }  /* 7.0.0: what Triton requires */
+int hipGetProcAddress(const char *symbol, void **fn, int version, unsigned long flags, int *status) {
+    *fn = 0; if (status) *status = 0; return 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_hip_modules_keyed_by_the_runtime_path_serve_a_read_only_cache(tmp_path, monkeypatch, read_only_mount,
+                                                                       run_cli):
+    """On AMD every Triton writes the path of ``libamdhip64.so`` into the source of ``hip_utils`` (and
+    3.6 into each launcher's), built when the driver starts: with that path declared
+    (``TRITON_LIBHIP_PATH``), warm-up on a machine without ROCm builds them, Triton's own driver start
+    on a read-only cache loads them and builds nothing, and `check` names one that is missing."""
+    runtime = tmp_path / "rocm" / "libamdhip64.so"  # stands for the servers' HIP runtime, at that path
+    runtime.parent.mkdir()
+    (tmp_path / "hip_stub.c").write_text(HIP_RUNTIME_STUB)
+    subprocess.run([c_launchers._c_compiler(), "-shared", "-fPIC", "-o", str(runtime), str(tmp_path / "hip_stub.c")],
+                   check=True)
+    monkeypatch.setenv("TRITON_LIBHIP_PATH", str(runtime))
+    assert f"hip_utils    keyed by the HIP runtime {runtime}: warmup here builds it" in run_cli("env", rc=0).stdout
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(RMS_SPEC)
+    cache = tmp_path / "cache"
+    needed = 1 + c_launchers.builds_per_signature("hip")  # hip_utils, and one launcher on 3.6
+    out = run_cli("warmup", spec, "--target", "gfx942", "--cache-dir", cache, rc=0).stdout
+    assert f"C launchers: {needed} needed: {needed} built" in out, out
+    [utilities] = cache.glob(f"*/hip_utils{EXT_SUFFIX}")
+    with read_only_mount(cache, tmp_path / "ro") as served:
+        started = subprocess.run(driver_start("hip") + ["--no-build"], capture_output=True, text=True,
+                                 env={**os.environ, "TRITON_CACHE_DIR": str(served)})
+        assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
+        assert "gfx942: ok: 1 planned" in run_cli("check", spec, "--target", "gfx942", "--cache-dir", served,
+                                                 rc=0).stdout
+        shutil.rmtree(utilities.parent)
+        out = run_cli("check", spec, "--target", "gfx942", "--cache-dir", served, rc=1).stdout
+    assert "1 C launchers missing (Triton would build them at first launch): this process cannot write" in out
+    assert "or with TRITON_LIBHIP_PATH naming its libamdhip64.so" in out
