@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import threading
 from pathlib import Path
 
 from triton import knobs
@@ -12,16 +14,49 @@ from .kernel import JitKernel
 from .targets import Target, target_driver
 from .trace import Variant
 
+_open_blocks: list[tuple[object, str]] = []  # (block, folder) of each open ``triton_cache_dir``, oldest first
+_before: dict[str, str | None] = {}  # the knob's own value and TRITON_CACHE_DIR before the first block
+_blocks_lock = threading.Lock()
+
 
 @contextlib.contextmanager
 def triton_cache_dir(path):
-    """Point this process's Triton at ``path`` for the block; the environment is left untouched."""
+    """Point this process's Triton at ``path`` for the block (Triton's knob also sets
+    ``TRITON_CACHE_DIR`` meanwhile); both are as they were once no block is open.
+
+    Blocks overlap across threads (a warm-up per target, each in its own) and close in any order:
+    Triton's own ``knobs.cache.scope()`` restores what it saw at entry, so a block closing last would
+    leave another's folder set for the rest of the process. Here the folder is the newest open
+    block's, and the process's own settings come back when the last one closes."""
     if path is None:
         yield
         return
-    with knobs.cache.scope():
+    block = object()
+    with _blocks_lock:
+        if not _open_blocks:
+            _before.update(knob=knobs.cache.__dict__.get("dir"), env=os.environ.get("TRITON_CACHE_DIR"))
+        _open_blocks.append((block, str(path)))
         knobs.cache.dir = str(path)
+    try:
         yield
+    finally:
+        with _blocks_lock:
+            _open_blocks[:] = [(b, folder) for b, folder in _open_blocks if b is not block]
+            if _open_blocks:
+                knobs.cache.dir = _open_blocks[-1][1]
+            else:
+                _restore(_before["knob"], _before["env"])
+
+
+def _restore(knob: str | None, env: str | None) -> None:
+    if knob is None:
+        del knobs.cache.dir  # unset: Triton follows TRITON_CACHE_DIR, or its default
+    else:
+        knobs.cache.dir = knob
+    if env is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = env
 
 
 def triton_reads_instead(cache_dir) -> Path | None:

@@ -58,7 +58,7 @@ def test_the_engine_serves_from_the_cache_it_checked(tmp_path, monkeypatch):
     before = knobs.cache.dir
     serve(TINY, [Request(0, _prompt(0, 3), 1, (), 0)], mode="triton", policy="error", cache_dir=tmp_path / "c")
     assert seen == [str((tmp_path / "c").absolute())] * 2
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # (Triton's knobs scope already put the environment back)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)  # (serving put the environment back already)
     assert knobs.cache.dir == before
 
 

@@ -191,3 +191,32 @@ def test_noop_warmup_reuses_stored_plans_until_an_input_changes(tmp_path, spec_f
     traced.clear()
     plan(load_specs([spec_file]), TARGETS["sm100"], cache_dir=cache_dir)  # so does another target
     assert traced
+
+
+def test_overlapping_cache_dir_blocks_leave_tritons_setting_as_it_was(tmp_path, monkeypatch):
+    """A warm-up per target runs in threads, each pointing Triton at the cache: their blocks overlap and
+    close in any order. When the last closes, Triton reads what the process set before (here its
+    ``TRITON_CACHE_DIR``, still followed), not a folder one block left behind."""
+    import threading
+
+    from tritonwarm.jit.compile import triton_cache_dir
+
+    cache, entered, first_closed = tmp_path / "cache", threading.Barrier(2), threading.Event()
+
+    def block(closes_first: bool):
+        with triton_cache_dir(cache):
+            entered.wait()
+            assert knobs.cache.dir == str(cache)
+            if not closes_first:
+                first_closed.wait()
+        if closes_first:
+            first_closed.set()
+
+    threads = [threading.Thread(target=block, args=(first,)) for first in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert knobs.cache.dir == os.environ["TRITON_CACHE_DIR"]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "moved"))
+    assert knobs.cache.dir == str(tmp_path / "moved")  # no folder pinned: the environment is read again
