@@ -160,6 +160,9 @@ def why_not_buildable(backend: str, serving: dict | None = None) -> str | None:
     """One line saying why the C launchers cannot be built here, with the fix; None when they can."""
     from triton import knobs
 
+    if backend == "hip" and serving:
+        return ("Triton's HIP modules embed the path of the serving machine's libamdhip64.so, which its "
+                "fingerprint does not record: bundle install (or warm up) there to build them")
     if backend == "hip" and hip_runtime_path() is None:
         return ("Triton's HIP modules embed the path of the serving machine's libamdhip64.so, and Triton finds "
                 "none here: warm on an AMD server (or in its image, with ROCm's PyTorch), or set TRITON_LIBHIP_PATH "

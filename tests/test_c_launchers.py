@@ -181,6 +181,8 @@ def test_says_in_one_line_why_launchers_cannot_be_built(monkeypatch):
     reason = c_launchers.why_not_buildable("cuda", {"python": {"ext_suffix": other, "version": "3.99.0"}})
     assert other in reason and "Python 3.99.0" in reason and "\n" not in reason
     assert "libamdhip64" in c_launchers.why_not_buildable("hip")
+    # keyed for another machine (--for): its libamdhip64.so is not in its fingerprint
+    assert "fingerprint does not record" in c_launchers.why_not_buildable("hip", {"python": {"version": "3.12.0"}})
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert "no C compiler" in c_launchers.why_not_buildable("cuda")
 
