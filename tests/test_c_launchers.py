@@ -259,14 +259,14 @@ def test_a_compiler_that_fails_is_a_warmup_failure_named_in_one_line(warmed, mon
     assert report.built == 0 and len(report.failed) == 1 and "CalledProcessError" in report.failed[0]
 
 
-# --------------------------------------------------------------------------- keyed by this machine (3.8+)
+# ----------------------------------------------- keyed by the serving machine's driver (CUDA 3.8+, AMD)
 
 MACHINE_KEYED = not c_launchers.utilities_keyed_by_source()
 
 DRIVER_START = """
 import sys
 from triton.runtime import build
-from triton.backends.BACKEND.driver import UTILITIES as CudaUtils
+from triton.backends.BACKEND.driver import UTILITIES as Utilities
 
 def refuse(name, *args, **kwargs):
     sys.exit(f"Triton built {name}")
@@ -274,7 +274,7 @@ def refuse(name, *args, **kwargs):
 if sys.argv[1:] == ["--no-build"]:
     build._build = refuse
 try:
-    CudaUtils()  # what Triton's CUDA driver does when it starts, at a process's first launch
+    Utilities()  # what Triton's driver does when it starts, at a process's first launch
 except OSError as e:
     sys.exit(f"driver start failed: {e}")
 print("driver started")
