@@ -373,6 +373,14 @@ def _compiled(variants, target, cache_dir):
     return [compile_variant(v, target, cache_dir) for v in variants]
 
 
+def _runtime_builds(variants, target, cache_dir, library_dir: str, machine: BuilderCall | None) -> list[BuilderCall]:
+    """Every C module the runtime will build for ``variants``: this Triton's launchers and source-keyed
+    utilities (``builder_calls``), then the driver utilities keyed by this machine (``machine``)."""
+    calls = builder_calls(_compiled(variants, target, cache_dir), target.backend, library_dir) \
+        if builds_c_modules(target.backend) else []
+    return calls + ([machine] if machine else [])
+
+
 def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
                      serving: dict | None = None) -> CLauncherReport | None:
     """Build the C launchers (and driver utilities) the runtime will build for ``variants``, into the
@@ -397,9 +405,7 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
 
     with tempfile.TemporaryDirectory(prefix="tritonwarm-libcuda-") as library_dir, triton_cache_dir(cache_dir):
         try:
-            calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
-                if builds_c_modules(backend) else []
-            calls += [machine] if machine else []
+            calls = _runtime_builds(variants, target, cache_dir, library_dir, machine)
             if backend == "cuda":  # (HIP modules open libamdhip64.so at run time, by path: nothing to link)
                 write_stub_libcuda(library_dir, [call.source for call in calls])
         except Exception as e:  # Triton's driver code changed shape, or the stub does not link: say so
@@ -458,9 +464,7 @@ def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[st
 
     before = set(os.listdir(cache_dir)) if os.path.isdir(cache_dir) else set()
     with tempfile.TemporaryDirectory() as library_dir, triton_cache_dir(cache_dir):
-        calls = builder_calls(_compiled(variants, target, cache_dir), backend, library_dir) \
-            if builds_c_modules(backend) else []
-        calls += [machine] if machine else []
+        calls = _runtime_builds(variants, target, cache_dir, library_dir, machine)
         with _lookups(refuse) as build:
             for call in calls:
                 try:
