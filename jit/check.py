@@ -143,7 +143,8 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
 _SHARED_CAUSES = {
     COPIED: lambda variants, folder: (
         f"{variants} in a cache copied or mounted from {folder}: Triton's group files name the files there by "
-        "absolute path: move a cache with `tritonwarm bundle create` / `bundle install`"),
+        "absolute path: move a cache with `tritonwarm bundle create` / `bundle install` (`--serve-at PATH` when "
+        "it is installed at another path than the server mounts it at)"),
     FILES_GONE: lambda variants, _: (
         f"{variants} recorded as warmed, but the files are gone (removed since the warm-up): warm up again"),
     OTHER_OPTIONS: lambda variants, options: (

@@ -77,7 +77,8 @@ class WarmedNeighbours:
         if copied_from:
             return MissReason(COPIED, f"its entry is here, but names its files under {copied_from} (Triton's group "
                                       "files hold absolute paths): this cache was copied or mounted from there: "
-                                      "move a cache with bundle create / bundle install",
+                                      "move a cache with bundle create / bundle install (--serve-at PATH when "
+                                      "it is installed at another path than the server mounts it at)",
                               detail=str(Path(copied_from).parent))
         if not self.by_kernel:
             if self.other_targets and not self.recorded_any:

@@ -73,6 +73,52 @@ def test_round_trip_to_another_path_compiles_nothing(tmp_path, spec_file, compil
 
 
 @pytest.mark.slow
+def test_install_for_a_server_that_mounts_the_folder_elsewhere(tmp_path, spec_file, compile_counter, rms_norm_runtime,
+                                                              capsys, served_from_bundle):
+    """An init container fills a volume at one path, the server mounts it at another: ``--serve-at`` writes
+    Triton's groups (absolute paths) for the server's path, after building the C launchers where installed."""
+    target, warmed = TARGETS["sm90"], tmp_path / "warmed"
+    the_plan = plan(load_specs([spec_file]), target)
+    warm(the_plan, warmed)
+    bundle = tmp_path / "warm.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    volume, mount = tmp_path / "init" / "cache", tmp_path / "srv" / "cache"
+    install_cmd = ["bundle", "install", str(bundle), "--cache-dir", str(volume), "--serve-at", str(mount)]
+
+    assert main(install_cmd[:5] + ["--serve-at", "srv/cache"]) == 2  # relative: Triton would read it from its cwd
+    assert "--serve-at 'srv/cache' is not an absolute path" in capsys.readouterr().err
+    assert not volume.exists()
+
+    assert main(install_cmd) == 0
+    out = capsys.readouterr().out
+    assert f"installed 2, already there 0 of 2 entries into {volume}, for serving at {mount}" in out
+    assert f"check them where the server mounts this folder, with TRITON_CACHE_DIR={mount}" in out
+    assert ("sm90: C launchers: 3 needed: 3 built" in out) == builds_per_signature("cuda"), out
+    here = check(plan(load_specs([spec_file]), target), volume)  # Triton reads nothing at the install path
+    assert len(here.missing) == 2 and all(f"names its files under {mount}/" in m["why"] for m in here.missing)
+
+    assert main(install_cmd) == 0  # a repeated init step leaves every entry
+    assert "installed 0, already there 2 of 2" in capsys.readouterr().out
+
+    mount.parent.mkdir()
+    os.rename(volume, mount)  # the server's mount
+    report = check(plan(load_specs([spec_file]), target), mount)
+    assert report.ok or (served_from_bundle(report) and not builds_per_signature("cuda")), report
+    before = compile_counter.count
+    for rows in (1, 7, 4096):
+        for fused in (False, True):
+            assert rms_norm_runtime(target, mount, rows, fused).hash in the_plan.variants
+    assert compile_counter.count == before
+
+    # a folder installed for serving elsewhere, installed again for serving where it is: groups name it
+    other = tmp_path / "other"
+    assert main(install_cmd[:4] + [str(other), "--serve-at", str(mount)]) == 0
+    assert main(install_cmd[:4] + [str(other), "--no-c-launchers"]) == 0
+    assert "installed 2, already there 0 of 2" in capsys.readouterr().out.split("for serving at")[-1]
+    assert check(plan(load_specs([spec_file]), target), other).missing == []
+
+
+@pytest.mark.slow
 def test_install_is_idempotent_and_repairs_damage(tmp_path, spec_file, served_from_bundle):
     warmed, served = tmp_path / "warmed", tmp_path / "served"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import env
-from .layout import CacheError, entry_files, file_mode, file_sha256, variant_lock
+from .layout import CacheError, entry_files, file_mode, file_sha256, variant_lock, write_json_atomic
 from .manifest import Manifest, files_match_record
 from .records import record_problem
 from .sources import PlanSources
@@ -70,9 +70,10 @@ class BundleReport:
     differences: list[str] = field(default_factory=list)  # fingerprint vs this runtime
     installed: int = 0
     already: int = 0
+    layout: list = field(default_factory=list, repr=False)  # install: (entry dir, entry name, hash, files)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return {name: value for name, value in self.__dict__.items() if name != "layout"}
 
 
 # ---------------------------------------------------------------------------------------------- create
@@ -417,7 +418,7 @@ def verify(path: Path, limits: Limits = Limits()) -> BundleReport:
 
 
 def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_environment: bool = True,
-            durable: bool = True) -> BundleReport:
+            durable: bool = True, serve_at: Path | None = None) -> BundleReport:
     """Install a bundle into ``cache_dir``: every entry in place, groups pointing there, manifest merged.
 
     Everything is extracted and checked in a staging folder inside the destination first (same file
@@ -429,6 +430,9 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
     since the installing Python need not be the serving one. ``durable`` flushes every file to disk
     before it goes into place, so a power loss cannot leave an entry of empty files that Triton would
     load; an image build, whose layer is written out afterwards, can skip it.
+
+    Groups name files here. ``serve_at`` (where the server will mount this folder) only counts an
+    entry whose group already names its files there as intact; ``point_groups`` moves them there.
     """
     cache_dir = Path(cache_dir).absolute()
     from .layout import ensure_writable
@@ -456,8 +460,10 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         for entry_dir, entry_name, names in _entries(header):
             final = cache_dir / entry_dir
             cache_hash, row = index[entry_dir]
+            report.layout.append((entry_dir, entry_name, cache_hash, row["files"]))
             with variant_lock(cache_dir, cache_hash):
-                if _intact(final, entry_name, row["files"]):
+                if _intact(final, entry_name, row["files"]) or \
+                        (serve_at and _intact(final, entry_name, row["files"], Path(serve_at) / entry_dir)):
                     report.already += 1
                     continue
                 group = {"child_paths": {name: str(final / name) for name in names}}
@@ -490,10 +496,39 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _intact(folder: Path, entry_name: str, digests: dict[str, str]) -> bool:
-    """The entry Triton would load from ``folder``: its group names this folder's own files, as recorded."""
-    files = entry_files(folder.parent, folder.name, entry_name)
-    return files is not None and _inside(files, folder) and files_match_record(files, {"files": digests})
+def point_groups(cache_dir: Path, layout: list, at: Path, *, durable: bool = True) -> int:
+    """Rewrite the group of each installed entry (``BundleReport.layout``) to name its files under
+    ``at``, the path the server mounts ``cache_dir`` at (Triton reads absolute paths there); ``at`` =
+    ``cache_dir`` points them back here. Each group is replaced whole, under the entry's lock, so a
+    reader sees the old group or the new one. Returns how many were rewritten."""
+    cache_dir, at, rewritten = Path(cache_dir).absolute(), Path(at), 0
+    for entry_dir, entry_name, cache_hash, digests in layout:
+        wanted = {name: str(at / entry_dir / name) for name in sorted(digests)}
+        group = cache_dir / entry_dir / _group_name(entry_name)
+        with variant_lock(cache_dir, cache_hash):
+            if _group_children(group) != wanted:
+                write_json_atomic(group, {"child_paths": wanted}, durable=durable)
+                rewritten += 1
+    return rewritten
+
+
+def _group_children(group: Path) -> dict | None:
+    try:
+        children = json.loads(group.read_text())["child_paths"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return children if isinstance(children, dict) else None
+
+
+def _intact(folder: Path, entry_name: str, digests: dict[str, str], named_at: Path | None = None) -> bool:
+    """The entry Triton would load from ``folder``: its group names this folder's own files, as recorded.
+    With ``named_at``, the group names them there instead (the folder as the server mounts it)."""
+    if named_at is None:
+        files = entry_files(folder.parent, folder.name, entry_name)
+        return files is not None and _inside(files, folder) and files_match_record(files, {"files": digests})
+    children = _group_children(folder / _group_name(entry_name))
+    return children == {name: str(named_at / name) for name in digests} and \
+        files_match_record({name: str(folder / name) for name in digests}, {"files": digests})
 
 
 def _staging_prefix() -> str:
