@@ -136,15 +136,17 @@ def cmd_verify(args) -> int:
 def cmd_install(args) -> int:
     from ..jit.cache import resolve_cache_dir
     from ..jit.cache.bundle import install, point_groups
+    from ..jit.cache.env import cache_bypassed, cache_manager_problem
 
     cache_dir = resolve_cache_dir(args.cache_dir)
     serve_at = _serve_at(args.serve_at, cache_dir)
     durable = not args.no_fsync
     report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)
-    for line in report.differences:
+    manager = cache_bypassed() if cache_manager_problem() else None  # Triton here reads through another store
+    for line in report.differences + ([manager] if manager else []):
         print(f"tritonwarm: warning: {line}", file=sys.stderr)
     launchers = {}
-    if not args.no_c_launchers and not report.differences:
+    if not args.no_c_launchers and not report.differences and not manager:
         if serve_at:  # Triton reads the entries to build their launchers: here, for now
             point_groups(cache_dir, report.layout, cache_dir, durable=durable)
         launchers = _build_c_launchers(cache_dir, report.targets)

@@ -62,12 +62,16 @@ def cmd_warmup(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     from ..jit.cache import check_cache_dir
+    from ..jit.cache.env import cache_manager_problem
     from ..jit.pool import worker_pool
     from ..jit.warmup import warm
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
+    manager = cache_manager_problem()
+    if manager:  # Triton would write every entry through it, or fail at the first one
+        raise UsageError(f"{manager[1]}: the warm-up fills {cache_dir}: unset it for the warm-up")
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     problems, pushes = [], []
     with worker_pool(args.jobs, targets) as pool:  # tracing and compiling share the workers

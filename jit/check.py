@@ -17,6 +17,7 @@ from .c_launchers import missing_c_launchers
 from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
 from .cache.env import (
     cache_bypassed,
+    cache_manager_problem,
     current_fingerprint,
     differences,
     fingerprint_id,
@@ -49,7 +50,7 @@ class CheckReport:
     c_launcher_fix: str | None = None
     unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
-    bypassed: str | None = None  # this runtime compiles whatever the cache holds (TRITON_ALWAYS_COMPILE)
+    bypassed: str | None = None  # this runtime does not serve the folder (TRITON_ALWAYS_COMPILE, _CACHE_MANAGER)
     from_fleet: list[dict] = field(default_factory=list)  # not local, but Redis holds them: fetched at first lookup
 
     @property
@@ -98,7 +99,8 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)
     report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
     report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
-    report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
+    if keyed_for_another() or not cache_manager_problem():  # (looked up through Triton: through that manager)
+        report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     environments = manifest.environments()
     others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():

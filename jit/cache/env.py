@@ -44,14 +44,52 @@ def cache_env() -> dict[str, str]:
 
 
 def cache_bypassed() -> str | None:
-    """Why this process's Triton would compile whatever its cache holds, or None: ``TRITON_ALWAYS_COMPILE``
-    skips every cache hit (it is no part of the key, so nothing else shows it)."""
+    """Why this process's Triton would not serve what its cache folder holds, or None.
+
+    ``TRITON_ALWAYS_COMPILE`` skips every cache hit (it is no part of the key, so nothing else shows
+    it). ``TRITON_CACHE_MANAGER`` replaces the folder: one that does not import fails Triton's first
+    lookup, in the middle of serving; one that is not a file cache reads a store nothing here can see.
+    """
     from triton import knobs
 
     if knobs.compilation.always_compile:
         return ("TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel at its first launch whatever the "
                 "cache holds: unset it where serving reads the cache")
-    return None
+    problem = cache_manager_problem()
+    if problem is None:
+        return None
+    broken, what = problem
+    if broken:
+        return f"{what}: Triton's first cache lookup would fail: fix or unset it where serving runs"
+    return (f"{what}: what it holds cannot be checked here: unset it, or use "
+            "tritonwarm.jit.cache.remote:RedisCacheManager, which reads through the folder")
+
+
+def cache_manager_problem() -> tuple[bool, str] | None:
+    """``(broken, what)`` when ``TRITON_CACHE_MANAGER`` replaces the cache folder: one that does not
+    import (``broken``), or one that is not a file cache; None for the folder itself (Triton's
+    ``FileCacheManager`` or a subclass, such as tritonwarm's ``RedisCacheManager``) and for Triton's
+    ``RemoteCacheManager`` over tritonwarm's ``RedisBackend``, which reads through the folder too."""
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager, RemoteCacheManager
+
+    from .remote import RedisBackend
+
+    named = os.environ.get("TRITON_CACHE_MANAGER")
+    try:
+        manager = knobs.cache.manager_class
+        backend = knobs.cache.remote_manager_class if _subclass(manager, RemoteCacheManager) else None
+    except Exception as e:  # Triton imports them at its first lookup, and raises there
+        why = " ".join(f"{type(e).__name__}: {e}".split())
+        return True, f"TRITON_CACHE_MANAGER={named!r} cannot be used ({why})"
+    if manager is None or _subclass(manager, FileCacheManager) or _subclass(backend, RedisBackend):
+        return None
+    return False, (f"TRITON_CACHE_MANAGER={named or manager.__qualname__!r} is not a file cache (Triton reads and "
+                   "writes through it, not the cache folder)")
+
+
+def _subclass(cls, base: type) -> bool:
+    return isinstance(cls, type) and issubclass(cls, base)
 
 
 _probe_lock = threading.Lock()
