@@ -136,14 +136,14 @@ def cmd_verify(args) -> int:
 def cmd_install(args) -> int:
     from ..jit.cache import resolve_cache_dir
     from ..jit.cache.bundle import install, point_groups
-    from ..jit.cache.env import cache_bypassed, cache_manager_problem
+    from ..jit.cache.env import cache_manager_problem
 
     cache_dir = resolve_cache_dir(args.cache_dir)
     serve_at = _serve_at(args.serve_at, cache_dir)
     durable = not args.no_fsync
     report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)
-    manager = cache_bypassed() if cache_manager_problem() else None  # Triton here reads through another store
-    for line in report.differences + ([manager] if manager else []):
+    manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
+    for line in report.differences + ([f"{manager[1]}: no C launchers built"] if manager else []):
         print(f"tritonwarm: warning: {line}", file=sys.stderr)
     launchers = {}
     if not args.no_c_launchers and not report.differences and not manager:

@@ -99,8 +99,11 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)
     report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
     report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
-    if keyed_for_another() or not cache_manager_problem():  # (looked up through Triton: through that manager)
+    manager = cache_manager_problem()
+    if manager is None:
         report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
+    else:  # Triton looks them up through that manager, not the folder
+        report.notes.append(f"C launchers not looked up: {manager[1]}")
     environments = manifest.environments()
     others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():

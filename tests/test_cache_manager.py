@@ -78,15 +78,16 @@ def test_a_manager_with_a_store_of_its_own_serves_nothing_warmed(warmed, tmp_pat
     assert not report.ok and report.missing == []
     assert report.bypassed.startswith("TRITON_CACHE_MANAGER='elsewhere_manager:ElsewhereCacheManager' is not a "
                                       "file cache (Triton reads and writes through it, not the cache folder)")
-    assert compile_counter.count == before + 1  # (check looked nothing up through it)
+    assert compile_counter.count == before + 1  # (check looked nothing up through it, and says so)
+    assert report.notes[-1].startswith("C launchers not looked up: TRITON_CACHE_MANAGER='elsewhere_manager:")
     _refused_at_start(cache, "is not a file cache")
 
     bundle, installed = tmp_path / "b.tar.gz", tmp_path / "installed"  # installed all the same, and said so
     assert main(["bundle", "create", str(bundle), str(warmed / "rms.yaml"), "--target", "sm90",
                  "--cache-dir", str(cache)]) == 0
     assert main(["bundle", "install", str(bundle), "--cache-dir", str(installed)]) == 0
-    assert "warning: TRITON_CACHE_MANAGER='elsewhere_manager:ElsewhereCacheManager' is not a file cache" \
-        in capsys.readouterr().err
+    assert "warning: TRITON_CACHE_MANAGER='elsewhere_manager:ElsewhereCacheManager' is not a file cache (Triton " \
+           "reads and writes through it, not the cache folder): no C launchers built" in capsys.readouterr().err
     assert compile_counter.count == before + 1
 
     # tritonwarm's shared-cache managers read through the folder: nothing to say
