@@ -249,13 +249,15 @@ def _refuse_dtype_named_strings(kernel, request: dict) -> None:
 def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, key: str) -> str:
     """Hashing Triton's source objects costs milliseconds, and a process sees the same requests again
     and again (every step of an engine dry run). Kernel sources do not change while it runs; the
-    cache-invalidating environment and ``triton_key()`` (warming for another environment) can, so
-    they are part of the memo key."""
+    cache-invalidating environment, ``triton_key()`` and the ptxas text hashed (warming for another
+    environment) can, so they are part of the memo key."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache as triton_cache
 
+    from .cache.serving import ptxas_texts_in_force
+
     memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
-            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook)
+            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, ptxas_texts_in_force())
     if memo not in _HASHES:
         _HASHES[memo] = disk_cache_hash(kernel, target, request)
     return _HASHES[memo]

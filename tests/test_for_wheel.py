@@ -4,6 +4,8 @@ process whose ``triton_key()`` is the serving one finds every entry and compiles
 
 import hashlib
 import json
+import os
+import platform
 import sysconfig
 import zipfile
 from pathlib import Path
@@ -15,7 +17,7 @@ from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.c_launchers import builds_c_modules
 from tritonwarm.jit.cache import Manifest
-from tritonwarm.jit.cache.env import fingerprint, fingerprint_id, libtriton_path
+from tritonwarm.jit.cache.env import fingerprint, fingerprint_id, libtriton_path, ptxas_build
 from tritonwarm.jit.cache.serving import fingerprint_from_wheel, load_fingerprint, serving_environment
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
@@ -42,7 +44,8 @@ def serving_key():
     return key.replace(local, hashlib.sha256(SERVING_LIBTRITON).hexdigest())
 
 
-def make_wheel(path: Path, *, version: str | None = None, replace: dict[str, bytes] | None = None) -> Path:
+def make_wheel(path: Path, *, version: str | None = None, replace: dict[str, bytes] | None = None,
+               tag: str = "cp312-cp312-manylinux_2_27_x86_64") -> Path:
     """A Triton wheel for Python 3.12: this Triton's Python files and another libtriton."""
     root = Path(triton.__file__).resolve().parent
     replace = replace or {}
@@ -53,7 +56,7 @@ def make_wheel(path: Path, *, version: str | None = None, replace: dict[str, byt
         wheel.writestr("triton/_C/libtriton.so", SERVING_LIBTRITON)
         info = f"triton-{version or triton.__version__}.dist-info"
         wheel.writestr(f"{info}/METADATA", f"Name: triton\nVersion: {version or triton.__version__}\n")
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp312-cp312-manylinux_2_27_x86_64\n")
+        wheel.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nTag: {tag}\n")
     return path
 
 
@@ -170,6 +173,12 @@ def test_refusals_are_one_line_and_compile_nothing(tmp_path, spec_file, env_json
     assert "triton/compiler/compiler.py differs from this Triton's" in _refused(
         capsys, *warm_args, "--for-wheel", str(patched))
 
+    other_machine = "s390x" if platform.machine() == "aarch64" else "aarch64"
+    arm = make_wheel(tmp_path / "arm.whl", tag=f"cp312-cp312-manylinux_2_28_{other_machine}")
+    assert f"arm.whl: a wheel for {other_machine} (tag cp312-cp312-manylinux_2_28_{other_machine}), this machine " \
+           f"is {platform.machine()}: its ptxas, whose --version every CUDA key hashes, is another build" in _refused(
+               capsys, *warm_args, "--for-wheel", str(arm))
+
     corrupt = tmp_path / "corrupt.whl"
     corrupt.write_bytes(b"PK\x03\x04 not really a zip")
     assert "corrupt.whl: not a readable wheel" in _refused(capsys, *warm_args, "--for-wheel", str(corrupt))
@@ -209,3 +218,56 @@ def test_refusals_are_one_line_and_compile_nothing(tmp_path, spec_file, env_json
 
     assert compile_counter.count == 0 and not (cache / "tritonwarm" / "manifest-sm90.json").exists()
     assert triton_cache.triton_key.__name__ == "triton_key"  # never left installed
+
+
+def _aarch64_server(fp: dict, target: str) -> tuple[dict, str]:
+    """``fp`` as `tritonwarm env -o` writes it on an aarch64 server (a GH200) with this very Triton
+    release: its wheel bundles the same ptxas release built for aarch64, whose --version differs in
+    its "Built on" stamp only. Returns the fingerprint and that ptxas's --version text."""
+    local = fp["backends"][target]
+    built = ptxas_build(local)["built"]
+    text = local.rsplit("-", 1)[0].replace(f"Built on {built}", "Built on Tue_Jan_01_00:00:00_PST_2030")
+    return {**fp, "platform": "linux-aarch64", "backends": {**fp["backends"], target: f"{text}-90"},
+            "python": {**fp["python"], "ext_suffix": fp["python"]["ext_suffix"].replace("x86_64", "aarch64")}}, text
+
+
+@pytest.mark.slow
+def test_warm_for_an_aarch64_server_keys_with_its_ptxas(tmp_path, spec_file, compile_counter, rms_norm_runtime,
+                                                        monkeypatch, capsys):
+    """An x86_64 build machine warms for an aarch64 server: the same binaries (this ptxas compiles; the
+    two builds of one release give identical cubins), keyed with the server's ptxas --version text."""
+    fp, text = _aarch64_server(fingerprint(), "sm90")
+    if fp["backends"]["sm90"] == fingerprint()["backends"]["sm90"]:
+        pytest.skip("this ptxas prints no build stamp")
+    serving = tmp_path / "gh200.json"
+    serving.write_text(json.dumps(fp))
+    target, cache, local_cache = TARGETS["sm90"], tmp_path / "cache", tmp_path / "local"
+    assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for", str(serving),
+                 "--jobs", "2"]) == 0  # forked workers key as the server too
+    assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(local_cache)]) == 0
+    capsys.readouterr()
+    cubins = {p.read_bytes() for p in cache.glob("*/*.cubin")}
+    assert len(cubins) == 2 and cubins == {p.read_bytes() for p in local_cache.glob("*/*.cubin")}
+    assert not set(os.listdir(cache)) & set(os.listdir(local_cache)) - {"tritonwarm"}  # other keys, same binaries
+
+    # this x86_64 process misses them all, and check says why, naming both builds
+    report = check(plan(load_specs([spec_file]), target), cache)
+    assert len(report.missing) == 2
+    assert any("the same release built" in r and "linux-aarch64" in r for r in report.reasons), report.reasons
+    # the server: Triton's own CUDA backend hashes its ptxas's --version (its own mock knob stands in)
+    from triton.backends.nvidia import compiler as nvidia
+
+    forget = getattr(nvidia.get_ptxas_version, "cache_clear", lambda: None)  # Triton memoizes the text
+    before = compile_counter.count
+    monkeypatch.setenv("TRITON_MOCK_PTX_VERSION", text)
+    forget()
+    try:
+        for rows in (1, 37, 4096):
+            assert rms_norm_runtime(target, cache, rows, False).hash in {e["cache_hash"] for e in
+                                                                         Manifest(cache, "sm90").read().values()}
+        assert compile_counter.count == before
+    finally:
+        monkeypatch.delenv("TRITON_MOCK_PTX_VERSION")
+        forget()
+    rms_norm_runtime(target, cache, 5, False)  # control: keyed with this machine's ptxas, it compiles
+    assert compile_counter.count == before + 1

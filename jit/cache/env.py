@@ -307,14 +307,35 @@ def python_name(fp: dict) -> str:
     return f"Python {'.'.join(version.split('.')[:2])}"
 
 
-def backend_name(backend_hash: str) -> str:
+def backend_name(backend_hash: str, *, build: bool = False) -> str:
     found = re.search(r"release ([\d.]+), V([\d.]+)", backend_hash)
     if found:
-        return f"ptxas {found.group(2)}"
+        stamp = ptxas_build(backend_hash)
+        return f"ptxas {found.group(2)}" + (f" built {stamp['built']}" if build and stamp else "")
     if backend_hash.startswith("GPUTarget("):  # HIP: the target, then the digest of its tools, if any
         rest = backend_hash.split(")", 1)[1].lstrip("-")
         return f"tools {rest[:12]}…" if rest else "no tool version"
     return backend_hash if len(backend_hash) <= 48 else backend_hash[:45] + "…"
+
+
+_PTXAS_VERSION = re.compile(r"(?P<name>[^\n]*): NVIDIA \(R\) Ptx optimizing assembler\n.*?Built on (?P<built>[^\n]*)\n"
+                            r"(?P<release>Cuda compilation tools, release [^\n]*)\n(?P<build>Build [^\n]*)\n?"
+                            r"-(?P<arch>\d+)", re.S)
+
+
+def ptxas_build(backend_hash: str) -> dict | None:
+    """A CUDA backend hash (``ptxas --version`` + ``-arch``) taken apart: name, built, release, build, arch."""
+    found = _PTXAS_VERSION.fullmatch(backend_hash or "")
+    return found.groupdict() if found else None
+
+
+def same_ptxas_elsewhere(a: str, b: str) -> bool:
+    """Two CUDA backend hashes that differ only in ptxas's build stamp: one ptxas release and compiler
+    build, compiled for two machine architectures (each platform's Triton wheel bundles its own, and
+    Triton hashes the whole ``--version`` text, "Built on" included). Their output is the same binary."""
+    pa, pb = ptxas_build(a), ptxas_build(b)
+    return a != b and pa is not None and pb is not None and all(
+        pa[part] == pb[part] for part in ("name", "release", "build", "arch"))
 
 
 def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
@@ -340,7 +361,12 @@ def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
                          f"warm with {python_name(runtime)} or use warmup --for / --for-wheel")
     bw, br = warmed.get("backends", {}), runtime.get("backends", {})
     for name in sorted(set(bw) & set(br)):
-        if (targets is None or name in targets) and bw[name] != br[name]:
+        if (targets is None or name in targets) and same_ptxas_elsewhere(bw[name], br[name]):
+            lines.append(f"{name}: warmed with {backend_name(bw[name], build=True)} on {warmed.get('platform', '?')}, "
+                         f"this runtime has the same release built {ptxas_build(br[name])['built']} on "
+                         f"{runtime.get('platform', '?')} (Triton hashes ptxas's whole --version): every {name} key "
+                         "differs: warm with --for FILE, FILE written here by `tritonwarm env -o FILE`")
+        elif (targets is None or name in targets) and bw[name] != br[name]:
             lines.append(f"{name}: warmed with {backend_name(bw[name])}, this runtime has {backend_name(br[name])}: "
                          f"every {name} key differs: warm with this runtime's compiler backend (same Triton wheel, "
                          "same TRITON_PTXAS_PATH)")

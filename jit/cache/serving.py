@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import platform
 import re
 import sysconfig
 import zipfile
@@ -23,6 +24,7 @@ from pathlib import Path
 from . import env as env_module
 
 _original_key_fn = None  # Triton's own triton_key while another environment's is installed
+_ptxas_texts: tuple = ()  # (arch, --version text) of the serving ptxas builds hashed instead of this one's
 
 
 class ServingEnvironmentError(ValueError):
@@ -31,6 +33,11 @@ class ServingEnvironmentError(ValueError):
 
 def original_triton_key():
     return _original_key_fn
+
+
+def ptxas_texts_in_force() -> tuple:
+    """The serving ptxas texts Triton's CUDA backend hashes now, for memos of keys; () when its own."""
+    return _ptxas_texts
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -88,6 +95,7 @@ def fingerprint_from_wheel(path: str | os.PathLike) -> dict:
                 raise ServingEnvironmentError(f"{path}: Triton {version.group(1)}, this Triton is {local}: warm with "
                                               f"Triton {version.group(1)} installed (only libtriton may differ)")
             tags = re.findall(r"^Tag: *(\S+)", _dist_info_file(wheel, names, "WHEEL", path), re.M)
+            _same_machine(tags, path)
             _compare_sources(wheel, names, path)
             lib = f"triton/_C/libtriton.{sysconfig.get_config_var('EXT_SUFFIX').split('.')[-1]}"
             if lib not in names:
@@ -108,6 +116,19 @@ def fingerprint_from_wheel(path: str | os.PathLike) -> dict:
             "triton": {**local_fp["triton"], "libtriton_sha256": libtriton,
                        "key_sha256": hashlib.sha256(key.encode()).hexdigest()},
             "wheel": {"file": path.name, "tags": tags}}
+
+
+def _same_machine(tags: list[str], path: Path) -> None:
+    """A wheel for another machine architecture bundles another build of ptxas, whose ``--version``
+    text every CUDA key hashes ("Built on" differs): only the server itself can say what it prints."""
+    here = platform.machine()
+    for tag in tags:
+        machine = re.search(r"(x86_64|aarch64|arm64|ppc64le|s390x|i686|armv7l)$", tag)
+        if machine and machine.group(1) != here:
+            raise ServingEnvironmentError(
+                f"{path}: a wheel for {machine.group(1)} (tag {tag}), this machine is {here}: its ptxas, whose "
+                "--version every CUDA key hashes, is another build: write the server's fingerprint there with "
+                "`tritonwarm env -o FILE` and warm with --for FILE")
 
 
 def _dist_info_file(wheel: zipfile.ZipFile, names: set[str], name: str, path: Path) -> str:
@@ -180,16 +201,45 @@ def serving_key(fp: dict, source: str = "the fingerprint") -> str:
     return key
 
 
-def check_backends(fp: dict, targets, source: str = "the fingerprint") -> None:
-    """A target whose backend (ptxas / linker) differs would get other binaries under other keys."""
-    local = env_module.backend_hashes()
+def check_backends(fp: dict, targets, source: str = "the fingerprint") -> dict[int, str]:
+    """A target whose backend (ptxas / linker) differs would get other binaries under other keys; except
+    the same ptxas built for another machine architecture (an aarch64 server): its output is the same
+    binary, and only its ``--version`` text, which the key hashes, differs. Returns that text per arch."""
+    local, foreign = env_module.backend_hashes(), {}
     for target in targets:
         served = fp.get("backends", {}).get(target)
-        if served is not None and served != local.get(target):
+        if served is not None and env_module.same_ptxas_elsewhere(served, local.get(target, "")):
+            foreign[int(env_module.ptxas_build(served)["arch"])] = served.rsplit("-", 1)[0]
+        elif served is not None and served != local.get(target):
             raise ServingEnvironmentError(
                 f"{source}: {target}'s compiler backend is {env_module.backend_name(served)}, this one's is "
                 f"{env_module.backend_name(local.get(target, '?'))}: warm with the serving backend (same "
                 "TRITON_PTXAS_PATH)")
+    return foreign
+
+
+@contextlib.contextmanager
+def _ptxas_version_of(texts: dict[int, str]):
+    """Inside the block Triton's CUDA backend hashes the serving ptxas's ``--version`` text for these
+    arches (``get_ptxas_version``, which only its ``hash()`` reads), while this machine's ptxas compiles.
+    ``hash()`` is memoized per backend, and a JIT function keeps its backend per device: forgotten on
+    the way in and out, so no key of either side outlives the block."""
+    if not texts:
+        yield
+        return
+    from triton.backends.nvidia import compiler as nvidia
+
+    global _ptxas_texts
+    original = nvidia.get_ptxas_version
+    nvidia.get_ptxas_version = lambda arch=80: texts[arch] if arch in texts else original(arch)
+    nvidia.CUDABackend.hash.cache_clear()
+    _ptxas_texts = tuple(sorted(texts.items()))
+    try:
+        yield
+    finally:
+        _ptxas_texts = ()
+        nvidia.get_ptxas_version = original
+        nvidia.CUDABackend.hash.cache_clear()
 
 
 @contextlib.contextmanager
@@ -201,7 +251,7 @@ def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint"
     if _original_key_fn is not None:
         raise RuntimeError("already warming for another environment")
     key = serving_key(fp, source)
-    check_backends(fp, targets, source)
+    foreign_ptxas = check_backends(fp, targets, source)
     local = env_module.fingerprint()
     recorded = {**fp, "warmed_for": {"source": warmed_from or source, "python": local["python"]["version"],
                                      "libtriton_sha256": local["triton"]["libtriton_sha256"]}}
@@ -216,7 +266,8 @@ def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint"
                 os.environ.pop(name, None)
         triton_cache.triton_key = lambda: key
         env_module._serving = recorded
-        yield recorded
+        with _ptxas_version_of(foreign_ptxas):
+            yield recorded
     finally:
         env_module._serving = None
         triton_cache.triton_key = _original_key_fn
