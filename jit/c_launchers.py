@@ -167,14 +167,15 @@ def why_not_buildable(backend: str, serving: dict | None = None) -> str | None:
         return ("Triton's HIP modules embed the path of the serving machine's libamdhip64.so, and Triton finds "
                 "none here: warm on an AMD server (or in its image, with ROCm's PyTorch), or set TRITON_LIBHIP_PATH "
                 "to that path here and there")
+    platform = (serving or {}).get("platform")
+    if platform and platform != sysconfig.get_platform():  # machine code for another machine
+        return (f"the serving platform is {platform}, this one is {sysconfig.get_platform()}: bundle install (or "
+                "warm up) on the server to build them")
     python = (serving or {}).get("python", {})
     ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if python.get("ext_suffix") and python["ext_suffix"] != ext_suffix:
         return (f"the serving Python's extensions end in {python['ext_suffix']}, this one's in {ext_suffix}: "
                 f"run warm-up with Python {python.get('version', '?')} (a C compiler and its headers) to build them")
-    platform = (serving or {}).get("platform")
-    if platform and platform != sysconfig.get_platform():
-        return f"the serving platform is {platform}, this one is {sysconfig.get_platform()}: warm up on {platform}"
     if knobs.build.impl is None:
         if _c_compiler() is None:
             return "no C compiler (set CC or install gcc), which Triton needs to build them"

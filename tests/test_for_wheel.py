@@ -244,6 +244,8 @@ def test_warm_for_an_aarch64_server_keys_with_its_ptxas(tmp_path, spec_file, com
     target, cache, local_cache = TARGETS["sm90"], tmp_path / "cache", tmp_path / "local"
     assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(cache), "--for", str(serving),
                  "--jobs", "2"]) == 0  # forked workers key as the server too
+    out = capsys.readouterr().out  # C launchers (3.6, 3.7) are machine code for the server: built there
+    assert ("the serving platform is linux-aarch64" in out) == builds_c_modules("cuda"), out
     assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(local_cache)]) == 0
     capsys.readouterr()
     cubins = {p.read_bytes() for p in cache.glob("*/*.cubin")}
