@@ -114,7 +114,7 @@ def format_env(fp: dict) -> list[str]:
     t, py, build = fp["triton"], fp["python"], fp["build"]
     by_tool: dict[str, list[str]] = {}
     for name, backend_hash in fp["backends"].items():
-        by_tool.setdefault(backend_name(backend_hash), []).append(name)
+        by_tool.setdefault(backend_name(backend_hash, build=True), []).append(name)
     lines = [
         f"fingerprint  {fingerprint_id(fp)}",
         f"Triton       {t['version']}: key {t['key_sha256'][:12]}…, libtriton {t['libtriton_sha256'][:12]}…, "

@@ -82,6 +82,16 @@ def test_differences_name_each_part_with_both_values():
     assert "Python sources differ from the ones warmed with (triton/compiler/compiler.py first;" in line
     assert env_module.differences(runtime, runtime) == []
 
+    stamp = env_module.ptxas_build(runtime["backends"]["sm90"])
+    if stamp:  # the same ptxas release built for another machine architecture: only the stamp differs
+        arm = {**runtime, "platform": "linux-aarch64", "backends": {**runtime["backends"], "sm90": runtime[
+            "backends"]["sm90"].replace(stamp["built"], "Tue_Jan_01_00:00:00_PST_2030")}}
+        [line] = env_module.differences(runtime, arm, targets=["sm90"])
+        assert line.startswith("sm90: warmed with ptxas "), line
+        assert (f"built {stamp['built']} on {runtime['platform']}, this runtime has the same release built "
+                "Tue_Jan_01_00:00:00_PST_2030 on linux-aarch64") in line, line
+        assert line.endswith("warm with --for FILE, FILE written here by `tritonwarm env -o FILE`")
+
 
 def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
     out = tmp_path / "serving.json"
@@ -94,6 +104,8 @@ def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
     assert main(["env"]) == 0
     text = capsys.readouterr().out
     assert "libtriton" in text and "sm90" in text and "Python headers" in text
+    stamp = env_module.ptxas_build(written["backends"]["sm90"])
+    assert stamp is None or f" built {stamp['built']}: " in text  # which build of ptxas: it enters the key
     from tritonwarm.jit.targets import local_target
 
     if local_target() is None:
