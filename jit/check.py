@@ -149,7 +149,8 @@ _SHARED_CAUSES = {
     COPIED: lambda variants, folder: (
         f"{variants} in a cache copied or mounted from {folder}: Triton's group files name the files there by "
         "absolute path: move a cache with `tritonwarm bundle create` / `bundle install` (`--serve-at PATH` when "
-        "it is installed at another path than the server mounts it at)"),
+        f"it is installed at another path than the server mounts it at); installed with `--serve-at {folder}`, it "
+        "serves there only: check it there"),
     FILES_GONE: lambda variants, _: (
         f"{variants} recorded as warmed, but the files are gone (removed since the warm-up): warm up again"),
     OTHER_OPTIONS: lambda variants, options: (

@@ -96,6 +96,7 @@ def test_install_for_a_server_that_mounts_the_folder_elsewhere(tmp_path, spec_fi
     assert ("sm90: C launchers: 3 needed: 3 built" in out) == builds_per_signature("cuda"), out
     here = check(plan(load_specs([spec_file]), target), volume)  # Triton reads nothing at the install path
     assert len(here.missing) == 2 and all(f"names its files under {mount}/" in m["why"] for m in here.missing)
+    assert here.reasons[0].endswith(f"installed with `--serve-at {mount}`, it serves there only: check it there")
 
     assert main(install_cmd) == 0  # a repeated init step leaves every entry
     assert "installed 0, already there 2 of 2" in capsys.readouterr().out

@@ -76,7 +76,8 @@ def test_a_cache_copied_to_another_path_is_named_as_copied(tmp_path, fp16_cache)
     assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {fp16_cache}: Triton's group "
                               "files name the files there by absolute path: move a cache with `tritonwarm bundle "
                               "create` / `bundle install` (`--serve-at PATH` when it is installed at another path "
-                              "than the server mounts it at)"]
+                              f"than the server mounts it at); installed with `--serve-at {fp16_cache}`, it serves "
+                              "there only: check it there"]
 
 
 @pytest.mark.slow
