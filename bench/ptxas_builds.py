@@ -87,7 +87,9 @@ def main() -> int:
         for target in args.target:
             arch = int(target.removeprefix("sm"))
             tool = get_ptxas(arch)
-            variable = TOOLS[Path(tool.path).name]
+            variable = TOOLS.get(Path(tool.path).name)
+            if variable not in other:
+                raise SystemExit(f"{target}: this Triton compiles with {tool.path}, which {args.wheel.name} lacks")
             here, there = version(tool.path), version(other[variable])
             if here.splitlines()[3:] != there.splitlines()[3:]:
                 rows.append([target, "-", "-", "-", "another ptxas release: nothing to compare"])
