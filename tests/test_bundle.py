@@ -247,6 +247,53 @@ def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file, serve
     assert killed >= 3 and interrupted >= 1, (killed, interrupted)  # the kills did land mid-install
 
 
+def _install_for_serving_in_child(bundle, volume, mount):
+    os._exit(main(["bundle", "install", str(bundle), "--cache-dir", str(volume), "--serve-at", str(mount)]))
+
+
+@pytest.mark.slow
+def test_sigkill_during_an_install_for_another_mount_path(tmp_path, spec_file, served_from_bundle):
+    """Installs for serving elsewhere killed at random moments: every group names a whole entry, here or
+    there; installing again points them all there."""
+    warmed = tmp_path / "warmed"
+    specs = load_specs([spec_file])
+    warm(plan(specs, TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "b.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    rows = [row for table in read_header(bundle)["targets"].values() for row in table.values()]
+    context = multiprocessing.get_context("fork")
+
+    def run_child(volume, mount, delay):
+        child = context.Process(target=_install_for_serving_in_child, args=(bundle, volume, mount))
+        t0 = time.perf_counter()
+        child.start()
+        if delay is not None:
+            time.sleep(delay)
+            os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        return child.exitcode, time.perf_counter() - t0
+
+    code, duration = run_child(tmp_path / "timing", tmp_path / "timing-mount", None)
+    assert code == 0
+    rng, killed = random.Random(4321), 0
+    for trial in range(6):
+        volume, mount = tmp_path / f"volume{trial}", tmp_path / f"mount{trial}"
+        code, _ = run_child(volume, mount, rng.uniform(0, 0.9 * duration))
+        killed += code == -signal.SIGKILL
+        for row in rows:
+            group = volume / row["entry_dir"] / f"__grp__{row['entry_name']}.json"
+            if group.exists():  # names every file of the entry, here or where it will be served
+                children = json.loads(group.read_text())["child_paths"]
+                assert sorted(children) == sorted(row["files"])
+                assert {os.path.dirname(p) for p in children.values()} in (
+                    {str(volume / row["entry_dir"])}, {str(mount / row["entry_dir"])})
+        assert run_child(volume, mount, None)[0] == 0
+        os.rename(volume, mount)
+        report = check(plan(specs, TARGETS["sm90"]), mount)
+        assert report.ok or served_from_bundle(report), report  # (C launchers: built where Triton builds them)
+    assert killed >= 3, killed
+
+
 @pytest.mark.slow
 def test_header_comes_first(tmp_path, spec_file):
     warmed = tmp_path / "warmed"
