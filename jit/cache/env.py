@@ -361,12 +361,14 @@ def differences(warmed: dict, runtime: dict, *, targets=None) -> list[str]:
                          f"warm with {python_name(runtime)} or use warmup --for / --for-wheel")
     bw, br = warmed.get("backends", {}), runtime.get("backends", {})
     for name in sorted(set(bw) & set(br)):
-        if (targets is None or name in targets) and same_ptxas_elsewhere(bw[name], br[name]):
+        if (targets is not None and name not in targets) or bw[name] == br[name]:
+            continue
+        if same_ptxas_elsewhere(bw[name], br[name]):
             lines.append(f"{name}: warmed with {backend_name(bw[name], build=True)} on {warmed.get('platform', '?')}, "
                          f"this runtime has the same release built {ptxas_build(br[name])['built']} on "
                          f"{runtime.get('platform', '?')} (Triton hashes ptxas's whole --version): every {name} key "
                          "differs: warm with --for FILE, FILE written here by `tritonwarm env -o FILE`")
-        elif (targets is None or name in targets) and bw[name] != br[name]:
+        else:
             lines.append(f"{name}: warmed with {backend_name(bw[name])}, this runtime has {backend_name(br[name])}: "
                          f"every {name} key differs: warm with this runtime's compiler backend (same Triton wheel, "
                          "same TRITON_PTXAS_PATH)")
