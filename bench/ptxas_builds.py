@@ -79,6 +79,7 @@ def main() -> int:
         raise SystemExit(f"{args.qemu}: not found (Debian: apt-get install qemu-user-static libc6-arm64-cross)")
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
+    from tritonwarm.jit.cache.env import ptxas_build
 
     rows, results = [], []
     with tempfile.TemporaryDirectory(prefix="tritonwarm-ptxas-") as tmp:
@@ -91,7 +92,8 @@ def main() -> int:
             if variable not in other:
                 raise SystemExit(f"{target}: this Triton compiles with {tool.path}, which {args.wheel.name} lacks")
             here, there = version(tool.path), version(other[variable])
-            if here.splitlines()[3:] != there.splitlines()[3:]:
+            mine, theirs = ptxas_build(f"{here}-{arch}"), ptxas_build(f"{there}-{arch}")  # as Triton's key holds it
+            if not (mine and theirs and mine["release"] == theirs["release"] and mine["build"] == theirs["build"]):
                 rows.append([target, "-", "-", "-", "another ptxas release: nothing to compare"])
                 continue
             caches = {}
@@ -101,9 +103,8 @@ def main() -> int:
             a, b = cubins_by_ptx(caches["here"]), cubins_by_ptx(caches["other"])
             paired = sorted(set(a) & set(b))
             same = sum(a[k] == b[k] for k in paired)
-            stamp = [line for line in there.splitlines() if line.startswith("Built on")][0]
-            rows.append([target, f"{Path(tool.path).name} {here.splitlines()[3].rsplit(' ', 1)[-1]}",
-                         stamp.removeprefix("Built on "), f"{same} of {len(paired)}",
+            rows.append([target, f"{Path(tool.path).name} {mine['release'].rsplit(' ', 1)[-1]}",
+                         theirs["built"], f"{same} of {len(paired)}",
                          "identical" if same == len(paired) == len(a) == len(b) else "DIFFER"])
             results.append({"target": target, "here": here, "other": there, "paired": len(paired), "identical": same})
     table(f"Cubins of the shipped plan, this machine's ptxas against {args.wheel.name}'s (Triton "
