@@ -196,6 +196,19 @@ def test_create_refuses_what_is_not_warmed(tmp_path, spec_file, capsys):
     assert not (tmp_path / "typo").exists() and not (tmp_path / "x.tar.gz").exists()
 
 
+def _run_child(target, args, delay: float | None) -> tuple[int, float]:
+    """``target(*args)`` in a forked process, SIGKILLed after ``delay`` seconds (None: left to finish);
+    its exit code and the seconds it ran."""
+    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    t0 = time.perf_counter()
+    child.start()
+    if delay is not None:
+        time.sleep(delay)
+        os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    return child.exitcode, time.perf_counter() - t0
+
+
 def _install_in_child(bundle, served):
     install(bundle, served, compare_environment=False)
     os._exit(0)
@@ -210,17 +223,9 @@ def test_sigkill_during_install_leaves_a_usable_cache(tmp_path, spec_file, serve
     bundle = tmp_path / "b.tar.gz"
     _bundle(bundle, spec_file, warmed)
     header = read_header(bundle)
-    context = multiprocessing.get_context("fork")
 
     def run_child(served, delay):
-        child = context.Process(target=_install_in_child, args=(bundle, served))
-        t0 = time.perf_counter()
-        child.start()
-        if delay is not None:
-            time.sleep(delay)
-            os.kill(child.pid, signal.SIGKILL)
-        child.join()
-        return child.exitcode, time.perf_counter() - t0
+        return _run_child(_install_in_child, (bundle, served), delay)
 
     code, duration = run_child(tmp_path / "timing", None)
     assert code == 0
@@ -261,17 +266,9 @@ def test_sigkill_during_an_install_for_another_mount_path(tmp_path, spec_file, s
     bundle = tmp_path / "b.tar.gz"
     _bundle(bundle, spec_file, warmed)
     rows = [row for table in read_header(bundle)["targets"].values() for row in table.values()]
-    context = multiprocessing.get_context("fork")
 
     def run_child(volume, mount, delay):
-        child = context.Process(target=_install_for_serving_in_child, args=(bundle, volume, mount))
-        t0 = time.perf_counter()
-        child.start()
-        if delay is not None:
-            time.sleep(delay)
-            os.kill(child.pid, signal.SIGKILL)
-        child.join()
-        return child.exitcode, time.perf_counter() - t0
+        return _run_child(_install_for_serving_in_child, (bundle, volume, mount), delay)
 
     code, duration = run_child(tmp_path / "timing", tmp_path / "timing-mount", None)
     assert code == 0
