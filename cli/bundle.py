@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 
-from .common import add_cache_args, add_spec_args, note_where_triton_reads, plan_with_engine, prepare
+from .common import (
+    SERVE_AT_HELP,
+    add_cache_args,
+    add_spec_args,
+    note_where_triton_reads,
+    plan_with_engine,
+    prepare,
+    serve_at_arg,
+)
 
 try:  # warming for another serving environment (--for / --for-wheel), where this tritonwarm has it
     from .env import add_for_args, keyed_for
@@ -74,9 +80,7 @@ def add_parsers(sub) -> None:
     i.add_argument("--no-c-launchers", action="store_true",
                    help="do not build Triton's C launchers for this Python (Triton 3.6/3.7 build them per kernel "
                         "signature at first launch; install builds them for the entries it installed)")
-    i.add_argument("--serve-at", metavar="PATH",
-                   help="the path the server mounts this cache folder at, when it differs from --cache-dir (an init "
-                        "container): Triton's group files name each file by absolute path, written for PATH")
+    i.add_argument("--serve-at", metavar="PATH", help=SERVE_AT_HELP + ", written for PATH")
     add_cache_args(i)
     i.set_defaults(func=cmd_install)
 
@@ -135,11 +139,11 @@ def cmd_verify(args) -> int:
 
 def cmd_install(args) -> int:
     from ..jit.cache import resolve_cache_dir
-    from ..jit.cache.bundle import install, point_groups
+    from ..jit.cache.bundle import install, point_groups, serve_from
     from ..jit.cache.env import cache_manager_problem
 
     cache_dir = resolve_cache_dir(args.cache_dir)
-    serve_at = _serve_at(args.serve_at, cache_dir)
+    serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
     report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
@@ -150,8 +154,7 @@ def cmd_install(args) -> int:
         if serve_at:  # Triton reads the entries to build their launchers: here, for now
             point_groups(cache_dir, report.layout, cache_dir, durable=durable)
         launchers = _build_c_launchers(cache_dir, report.targets)
-    if serve_at:  # last: from here on the entries are read only where the server mounts them
-        point_groups(cache_dir, report.layout, serve_at, durable=durable)
+    serve_from(cache_dir, serve_at, durable=durable)  # last: from here on, entries are read where the server is
     if args.json:
         print(json.dumps({**report.to_json(), "cache_dir": str(cache_dir),
                           "serve_at": str(serve_at) if serve_at else None,
@@ -160,23 +163,13 @@ def cmd_install(args) -> int:
         print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
               f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
         if serve_at:
-            print(f"  note: its entries are read at {serve_at} only (not here): check them where the server mounts "
-                  f"this folder, with TRITON_CACHE_DIR={serve_at}")
+            print(f"  note: its entries are read at {serve_at} only (not here): check them as that server reads them "
+                  f"with `tritonwarm check --serve-at {serve_at}`")
         else:
             note_where_triton_reads(cache_dir)
         for target, launcher_report in launchers.items():
             print(f"{target}: {launcher_report.summary()}")
     return 1 if any(r.failed for r in launchers.values()) else 0
-
-
-def _serve_at(path: str | None, cache_dir) -> Path | None:
-    """Where the server mounts the cache, or None when that is where it is installed."""
-    if path is None:
-        return None
-    if not os.path.isabs(path):
-        raise ValueError(f"--serve-at {path!r} is not an absolute path: Triton's group files name absolute paths")
-    serve_at = Path(os.path.normpath(path))
-    return None if serve_at == Path(cache_dir).absolute() else serve_at
 
 
 def _build_c_launchers(cache_dir, targets) -> dict:

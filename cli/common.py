@@ -28,6 +28,20 @@ def read_cache_dir(args) -> Path:
     return cache_dir
 
 
+SERVE_AT_HELP = ("the path the server mounts this cache folder at, when it differs from --cache-dir (an init "
+                 "container): Triton's group files name each file by absolute path")
+
+
+def serve_at_arg(path: str | None, cache_dir) -> Path | None:
+    """``--serve-at``: where the server mounts the cache, or None when that is where it is."""
+    if path is None:
+        return None
+    if not os.path.isabs(path):
+        raise UsageError(f"--serve-at {path!r} is not an absolute path: Triton's group files name absolute paths")
+    serve_at = Path(os.path.normpath(path))
+    return None if serve_at == Path(cache_dir).absolute() else serve_at
+
+
 def target_name(args) -> str | None:
     """``--target`` as Triton's target name, None when not given; an unknown one is refused, not
     matched against nothing."""

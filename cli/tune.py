@@ -21,7 +21,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_tune(args) -> int:
-    from ..jit.cache import check_cache_dir
+    from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.targets import local_target
     from ..jit.thirdparty.winners import pin_winners, tune_winners
 
@@ -31,6 +31,8 @@ def cmd_tune(args) -> int:
                          "(sm90, gfx942, ...) to store the configs the specs pin instead")
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
+    if measure:  # measuring compiles into the folder
+        refuse_if_served_elsewhere(cache_dir)
     reports = [(tune_winners if measure else pin_winners)(specs, target, cache_dir) for target in targets]
     if args.json:
         print(json.dumps({"cache_dir": str(cache_dir), "targets": [r.to_json() for r in reports]}, indent=1))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
+    SERVE_AT_HELP,
     UsageError,
     add_spec_args,
     format_args,
@@ -20,6 +21,7 @@ from .common import (
     prepare,
     progress_bar,
     read_cache_dir,
+    serve_at_arg,
     short_kernel,
     target_name,
 )
@@ -50,6 +52,8 @@ def add_parsers(sub) -> None:
                         "warmed variants the workload never used")
     c.add_argument("--remote", metavar="URL",
                    help="instead: the plan vs a shared Redis cache (redis://HOST:PORT[/DB]): missing, corrupt")
+    c.add_argument("--serve-at", metavar="PATH",
+                   help=SERVE_AT_HELP + ": check the cache as a server that mounts it at PATH reads it")
     add_for_args(c)
     c.add_argument("--verbose", "-v", action="store_true",
                    help="also list the redundant rows (rows whose variants other rows already give)")
@@ -61,7 +65,7 @@ def add_parsers(sub) -> None:
 def cmd_warmup(args) -> int:
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    from ..jit.cache import check_cache_dir
+    from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.cache.env import cache_manager_problem
     from ..jit.pool import worker_pool
     from ..jit.warmup import warm
@@ -69,6 +73,7 @@ def cmd_warmup(args) -> int:
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
+    refuse_if_served_elsewhere(cache_dir)  # before planning, which can take a while
     manager = cache_manager_problem()
     if manager:  # Triton would write every entry through it, or fail at the first one
         raise UsageError(f"{manager[1]}: the warm-up fills {cache_dir}: unset it for the warm-up")
@@ -141,6 +146,9 @@ def cmd_check(args) -> int:
     from ..jit.cache import check_cache_dir
     from ..jit.check import check
 
+    if args.serve_at and (args.trace or args.remote):
+        raise UsageError("--serve-at checks the cache folder as a server mounting it elsewhere reads it: "
+                         "not with --trace or --remote")
     if args.trace:
         if args.specs or args.engine_config or args.remote:
             raise UsageError("--trace checks what a dispatch record launched against the cache: "
@@ -152,15 +160,19 @@ def cmd_check(args) -> int:
 
     specs, targets, cache_dir = prepare(args)
     note = check_cache_dir(cache_dir, for_writing=False)
-    reports = [check(plan_with_engine(args, specs, t), cache_dir) for t in targets]
+    serve_at = serve_at_arg(args.serve_at, cache_dir)
+    reports = [check(plan_with_engine(args, specs, t), cache_dir, serve_at=serve_at) for t in targets]
     for report, target in zip(reports, targets, strict=True):
         report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
     if args.json:
         print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
+                          "serve_at": str(serve_at) if serve_at else None,
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
-        print(f"cache: {cache_dir}" + (f" ({note})" if note else ""))
-        note_where_triton_reads(cache_dir)
+        print(f"cache: {cache_dir}" + (f" ({note})" if note else "") +
+              (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
+        if serve_at is None:  # this machine is not that server
+            note_where_triton_reads(cache_dir)
         for r in reports:
             status = "ok" if r.ok else "PROBLEMS"
             unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""

@@ -70,7 +70,7 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     Raises ``JitPolicyError`` under policy ``error`` when the cache lacks a variant, at start-up or
     at the first launch that needs it.
     """
-    from ..jit.cache import resolve_cache_dir
+    from ..jit.cache import refuse_if_served_elsewhere, resolve_cache_dir
     from ..jit.compile import triton_cache_dir
     from ..jit.targets import local_target, resolve_target
 
@@ -80,6 +80,8 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
         raise ValueError("--dry-run traces the Triton kernels: it needs --mode triton")
     gpu = torch.cuda.is_available() and not dry_run
     target = resolve_target(dry_run_target) if dry_run else (local_target() if gpu and mode == "triton" else None)
+    if target is not None and not dry_run:  # Triton compiles what it misses, and would repoint those groups here
+        refuse_if_served_elsewhere(cache_dir)
     missing = startup_check(config, target, cache_dir, policy) if target is not None and policy != "off" else []
     device = "meta" if dry_run else ("cuda" if gpu else "cpu")
     monitor = DispatchMonitor(cache_dir, policy)

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .c_launchers import missing_c_launchers
-from .cache import Manifest, ManifestDamaged, UnreadableEntry, entry_files, entry_path, files_match_record
+from .cache import (
+    Manifest,
+    ManifestDamaged,
+    UnreadableEntry,
+    entry_files,
+    entry_path,
+    files_match_record,
+    serve_at_of,
+)
 from .cache.env import (
     cache_bypassed,
     cache_manager_problem,
@@ -26,6 +34,7 @@ from .cache.env import (
 )
 from .cache.manifest import entry_fingerprint, manifests
 from .cache.remote import held_by_fleet
+from .compile import groups_read_as_served
 from .miss import COPIED, FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
 from .plan import Plan
 
@@ -52,6 +61,7 @@ class CheckReport:
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
     bypassed: str | None = None  # this runtime does not serve the folder (TRITON_ALWAYS_COMPILE, _CACHE_MANAGER)
     from_fleet: list[dict] = field(default_factory=list)  # not local, but Redis holds them: fetched at first lookup
+    serve_at: str | None = None  # checked as a server that mounts the folder there reads it
 
     @property
     def ok(self) -> bool:
@@ -63,15 +73,19 @@ class CheckReport:
         return {**self.__dict__, "ok": self.ok}
 
 
-def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> CheckReport:
-    """Plan vs cache: what serving would compile, what is damaged, what the spec cannot reach, and why."""
+def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve_at: Path | None = None) -> CheckReport:
+    """Plan vs cache: what serving would compile, what is damaged, what the spec cannot reach, and why.
+
+    ``serve_at``: check as a server that mounts ``cache_dir`` at that path reads it (an init container
+    that filled the volume with ``bundle install --serve-at``)."""
     target = the_plan.target
     runtime = runtime if runtime is not None else current_fingerprint()
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
                          redundant=list(the_plan.redundant), notes=list(the_plan.notes),
                          environment=fingerprint_id(runtime, target.name),
-                         bypassed=None if keyed_for_another() else cache_bypassed())
+                         bypassed=None if keyed_for_another() else cache_bypassed(),
+                         serve_at=str(serve_at) if serve_at else None)
     manifest = Manifest(cache_dir, target.name)
     try:
         recorded = manifest.read()
@@ -81,7 +95,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     for variant in the_plan.variants.values():
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args, "rows": variant.rows}
         try:
-            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name, serve_at)
         except UnreadableEntry as e:
             report.unreadable.append({**summary, "why": str(e)})
             continue
@@ -100,8 +114,9 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
     report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
     manager = cache_manager_problem()
-    if manager is None:
-        report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
+    if manager is None:  # Triton reads the entries back to look their launchers up: as the server would
+        with groups_read_as_served(cache_dir, serve_at):
+            report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     else:  # Triton looks them up through that manager, not the folder
         report.notes.append(f"C launchers not looked up: {manager[1]}")
     environments = manifest.environments()
@@ -120,16 +135,33 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None) -> Check
     if report.missing:
         for other in report.other_environments:
             report.reasons += [line for line in other["differences"] if line not in report.reasons]
+    marked = serve_at_of(cache_dir)
+    mounted_elsewhere = bool(report.missing) and marked != serve_at
+    if mounted_elsewhere:
+        report.reasons.insert(0, _served_elsewhere(marked, serve_at))
     if report.missing and not report.manifest_problem:  # a damaged manifest tells nothing of its entries
-        neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, manifests(cache_dir), cache_dir)
-        _explain_missing(report, wanted, neighbours)
+        neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, manifests(cache_dir), cache_dir,
+                                      serve_at)
+        _explain_missing(report, wanted, neighbours, copies_explained=mounted_elsewhere)
     return report
 
 
-def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours) -> None:
+def _served_elsewhere(marked: Path | None, serve_at: Path | None) -> str:
+    """Why entries installed for one mount path miss at another (``bundle install --serve-at``)."""
+    if serve_at is None:
+        return (f"this folder is installed for a server that mounts it at {marked} (`bundle install --serve-at "
+                f"{marked}`): Triton reads its entries there only: check it as that server reads it, with "
+                f"`tritonwarm check --serve-at {marked}`")
+    where = f"for a server that mounts it at {marked}" if marked else "to serve where it is"
+    return f"this folder is installed {where}, not at {serve_at}: install the bundle with `--serve-at {serve_at}`"
+
+
+def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours, *,
+                     copies_explained: bool = False) -> None:
     """Each missing variant's own reason (``why``), and one line in ``reasons`` for each cause that
     misses many variants at once: another target warmed, a copied cache, files removed, other
-    compile options, a kernel's code that is not the warmed code."""
+    compile options, a kernel's code that is not the warmed code. ``copies_explained``: the folder's
+    mount path is named already, so entries naming their files elsewhere need no line of their own."""
     shared: Counter[tuple[str, str]] = Counter()
     for summary in report.missing:
         reason = neighbours.why(wanted[summary["id"]])
@@ -139,7 +171,7 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
             report.reasons.append(reason.line)
             return
         summary["why"] = reason.line
-        if reason.kind in _SHARED_CAUSES:
+        if reason.kind in _SHARED_CAUSES and not (copies_explained and reason.kind == COPIED):
             detail = summary["kernel"] if reason.kind == OTHER_CODE else reason.detail or ""
             shared[reason.kind, detail] += 1
     report.reasons += [_SHARED_CAUSES[kind](_variants(count), detail) for (kind, detail), count in shared.items()]
@@ -150,7 +182,7 @@ _SHARED_CAUSES = {
         f"{variants} in a cache copied or mounted from {folder}: Triton's group files name the files there by "
         "absolute path: move a cache with `tritonwarm bundle create` / `bundle install` (`--serve-at PATH` when "
         f"it is installed at another path than the server mounts it at); installed with `--serve-at {folder}`, it "
-        "serves there only: check it there"),
+        f"serves there only: check it as served there: `tritonwarm check --serve-at {folder}`"),
     FILES_GONE: lambda variants, _: (
         f"{variants} recorded as warmed, but the files are gone (removed since the warm-up): warm up again"),
     OTHER_OPTIONS: lambda variants, options: (

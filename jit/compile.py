@@ -48,6 +48,34 @@ def triton_cache_dir(path):
                 _restore(_before["knob"], _before["env"])
 
 
+@contextlib.contextmanager
+def groups_read_as_served(cache_dir, serve_at):
+    """Triton's cache lookups in this process read ``cache_dir`` as a server that mounts it at
+    ``serve_at`` does: a group naming its files there finds them here. A check of a volume filled
+    for another mount path (``bundle install --serve-at``) reads its entries back to look up their C
+    launchers; without this Triton would miss them, compile them again and point their groups here."""
+    if serve_at is None:
+        yield
+        return
+    from triton.runtime.cache import FileCacheManager
+
+    from .cache.layout import entry_files
+
+    original, folder = FileCacheManager.get_group, Path(cache_dir).absolute()
+
+    def get_group(self, filename):
+        entry = Path(self.cache_dir)
+        if entry.parent != folder or not filename.endswith(".json"):
+            return original(self, filename)
+        return entry_files(folder, entry.name, filename[:-len(".json")], serve_at)
+
+    FileCacheManager.get_group = get_group
+    try:
+        yield
+    finally:
+        FileCacheManager.get_group = original
+
+
 def _restore(knob: str | None, env: str | None) -> None:
     if knob is None:
         del knobs.cache.dir  # unset: Triton follows TRITON_CACHE_DIR, or its default

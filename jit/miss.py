@@ -47,9 +47,10 @@ class WarmedNeighbours:
     """The entries a manifest records under the runtime's environment, by kernel."""
 
     def __init__(self, recorded: dict[str, dict], environments: dict[str, dict], runtime: dict, target: str,
-                 other_targets: Iterable[str] = (), cache_dir: str | Path | None = None):
+                 other_targets: Iterable[str] = (), cache_dir: str | Path | None = None,
+                 serve_at: Path | None = None):
         self.target, self.other_targets = target, [t for t in other_targets if t != target]
-        self.cache_dir = cache_dir
+        self.cache_dir, self.serve_at = cache_dir, serve_at  # serve_at: the cache as a server mounting it there
         self.by_kernel: dict[str, list[dict]] = defaultdict(list)
         self.recorded_any = bool(recorded)
         for cache_hash, entry in sorted(recorded.items()):
@@ -117,7 +118,8 @@ class WarmedNeighbours:
         """The folder another cache's group names, for an entry that is here but reads as missing."""
         if self.cache_dir is None or not wanted.get("cache_hash") or not wanted.get("entry_name"):
             return None
-        return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"])
+        return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"],
+                                    self.serve_at)
 
 
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:

@@ -32,6 +32,7 @@ from .cache import (
     entry_path,
     file_sha256,
     files_match_record,
+    refuse_if_served_elsewhere,
     remove_stale_temporaries,
     triton_version,
     variant_lock,
@@ -73,6 +74,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     target = the_plan.target
     start = time.perf_counter()
     ensure_writable(cache_dir)
+    refuse_if_served_elsewhere(cache_dir)
     remove_stale_temporaries(cache_dir)  # what a previous run that hit a full disk left behind
     result = WarmResult(target.name, str(cache_dir), planned=len(the_plan.variants))
     manifest = Manifest(cache_dir, target.name)

@@ -9,12 +9,13 @@ import shutil
 import signal
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.c_launchers import builds_per_signature
-from tritonwarm.jit.cache import Manifest
+from tritonwarm.jit.cache import CacheError, Manifest
 from tritonwarm.jit.cache.bundle import HEADER_NAME, install, read_header, verify
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
@@ -92,11 +93,15 @@ def test_install_for_a_server_that_mounts_the_folder_elsewhere(tmp_path, spec_fi
     assert main(install_cmd) == 0
     out = capsys.readouterr().out
     assert f"installed 2, already there 0 of 2 entries into {volume}, for serving at {mount}" in out
-    assert f"check them where the server mounts this folder, with TRITON_CACHE_DIR={mount}" in out
+    assert f"check them as that server reads them with `tritonwarm check --serve-at {mount}`" in out
     assert ("sm90: C launchers: 3 needed: 3 built" in out) == builds_per_signature("cuda"), out
     here = check(plan(load_specs([spec_file]), target), volume)  # Triton reads nothing at the install path
     assert len(here.missing) == 2 and all(f"names its files under {mount}/" in m["why"] for m in here.missing)
-    assert here.reasons[0].endswith(f"installed with `--serve-at {mount}`, it serves there only: check it there")
+    assert here.reasons == [f"this folder is installed for a server that mounts it at {mount} (`bundle install "
+                            f"--serve-at {mount}`): Triton reads its entries there only: check it as that server "
+                            f"reads it, with `tritonwarm check --serve-at {mount}`"]
+    there = check(plan(load_specs([spec_file]), target), volume, serve_at=mount)  # ... and all at the mount path
+    assert there.ok or (served_from_bundle(there) and not builds_per_signature("cuda")), there
 
     assert main(install_cmd) == 0  # a repeated init step leaves every entry
     assert "installed 0, already there 2 of 2" in capsys.readouterr().out
@@ -111,12 +116,98 @@ def test_install_for_a_server_that_mounts_the_folder_elsewhere(tmp_path, spec_fi
             assert rms_norm_runtime(target, mount, rows, fused).hash in the_plan.variants
     assert compile_counter.count == before
 
-    # a folder installed for serving elsewhere, installed again for serving where it is: groups name it
-    other = tmp_path / "other"
-    assert main(install_cmd[:4] + [str(other), "--serve-at", str(mount)]) == 0
-    assert main(install_cmd[:4] + [str(other), "--no-c-launchers"]) == 0
-    assert "installed 2, already there 0 of 2" in capsys.readouterr().out.split("for serving at")[-1]
-    assert check(plan(load_specs([spec_file]), target), other).missing == []
+
+@pytest.mark.slow
+def test_a_volume_for_another_mount_path_is_checked_as_served_there_and_never_warmed_here(
+        tmp_path, spec_file, compile_counter, capsys, monkeypatch):
+    """In the init container, ``check --serve-at`` reads the volume as the server will. A warm-up there, or a
+    server started there, would compile every entry it misses and point its group here, which the server
+    would then miss in turn: refused, with nothing compiled or rewritten."""
+    import torch
+    from tritonwarm.engine.config import ENGINES
+    from tritonwarm.engine.engine import Engine
+    from tritonwarm.engine.runner import serve
+    from tritonwarm.jit import targets
+
+    warmed = tmp_path / "warmed"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "warm.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    volume, mount = tmp_path / "volume", tmp_path / "srv" / "cache"
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(volume), "--serve-at", str(mount)]) == 0
+    capsys.readouterr()
+    check_cmd = ["check", str(spec_file), "--target", "sm90", "--cache-dir", str(volume)]
+    groups = {group: group.read_bytes() for group in volume.glob("*/__grp__*.json")}
+    before = compile_counter.count
+
+    assert main(check_cmd) == 1  # Triton here reads nothing of it
+    assert f"why: this folder is installed for a server that mounts it at {mount}" in capsys.readouterr().out
+    assert main(check_cmd + ["--serve-at", str(mount), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["serve_at"] == str(mount) and report["targets"][0]["planned"] == 2
+    assert main(check_cmd + ["--serve-at", str(tmp_path / "elsewhere")]) == 1  # not the path it was installed for
+    assert (f"why: this folder is installed for a server that mounts it at {mount}, not at {tmp_path / 'elsewhere'}: "
+            f"install the bundle with `--serve-at {tmp_path / 'elsewhere'}`") in capsys.readouterr().out
+    cubin = next(volume.glob("*/*.cubin"))
+    good = cubin.read_bytes()
+    cubin.write_bytes(b"damaged")  # what the server would load is checked, as served there
+    assert main(check_cmd + ["--serve-at", str(mount)]) == 1
+    assert "  corrupt  " in capsys.readouterr().out
+    cubin.write_bytes(good)
+    assert main(check_cmd + ["--serve-at", "srv/cache"]) == 2
+    assert "--serve-at 'srv/cache' is not an absolute path" in capsys.readouterr().err
+
+    assert main(["warmup", str(spec_file), "--target", "sm90", "--cache-dir", str(volume)]) == 2
+    err = capsys.readouterr().err
+    assert f"{volume} is installed for a server that mounts it at {mount} (bundle install --serve-at)" in err
+    assert f"warm where it is served (TRITON_CACHE_DIR={mount}), or into another folder" in err
+    with pytest.raises(CacheError, match="installed for a server that mounts it at"):
+        warm(plan(load_specs([spec_file]), TARGETS["sm90"]), volume)  # the library's own entry point too
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a server with a GPU, started on the volume
+    monkeypatch.setattr(targets, "local_target", lambda: TARGETS["sm90"])
+    monkeypatch.setattr(Engine, "__init__", lambda *a, **k: pytest.fail("started serving"))
+    with pytest.raises(CacheError, match=f"mounts it at {mount}"):
+        serve(ENGINES["tiny"], [], cache_dir=volume)
+    assert compile_counter.count == before
+    assert {group: group.read_bytes() for group in volume.glob("*/__grp__*.json")} == groups
+
+    (volume / "tritonwarm" / "serve-at.json").write_text('{"path": "srv/cache"}')
+    assert main(check_cmd) == 2
+    assert "serve-at.json is damaged (no absolute \"path\"): install the bundle again with --serve-at PATH" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_folder_serves_at_one_path(tmp_path, spec_file, capsys, served_from_bundle):
+    """Installing for a mount path points every entry the folder records there, not only the bundle's (a
+    warm-up's, an earlier bundle's); installing for another path, or for here, moves them all."""
+    warmed = tmp_path / "warmed"
+    warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)
+    bundle = tmp_path / "warm.tar.gz"
+    _bundle(bundle, spec_file, warmed)
+    other_spec = tmp_path / "other" / "rms.yaml"
+    other_spec.parent.mkdir()
+    other_spec.write_text("kernel: tritonwarm.launchers.rms_norm:rms_norm\naxes:\n  dtype: [float16, float32]\n"
+                          "args:\n  x: {tensor: [8, 4096], dtype: $dtype}\n  weight: {tensor: [4096], dtype: $dtype}\n")
+    other = plan(load_specs([other_spec]), TARGETS["sm90"])
+    folder = tmp_path / "folder"
+    assert warm(other, folder).compiled == 2  # entries no bundle carries
+    install_cmd = ["bundle", "install", str(bundle), "--cache-dir", str(folder), "--no-c-launchers"]
+
+    def named_at():
+        return {str(Path(p).parent.parent) for group in folder.glob("*/__grp__*.json")
+                for p in json.loads(group.read_text())["child_paths"].values()}
+
+    for at in (tmp_path / "a", tmp_path / "b"):
+        assert main(install_cmd + ["--serve-at", str(at)]) == 0
+        assert named_at() == {str(at)}, at
+        assert check(other, folder, serve_at=at).missing == []
+    assert main(install_cmd) == 0  # and back: served where it is
+    assert named_at() == {str(folder)}
+    assert not (folder / "tritonwarm" / "serve-at.json").exists()
+    assert check(other, folder).missing == []
+    assert served_from_bundle(check(plan(load_specs([spec_file]), TARGETS["sm90"]), folder))  # (--no-c-launchers)
+    capsys.readouterr()
 
 
 @pytest.mark.slow

@@ -77,7 +77,7 @@ def test_a_cache_copied_to_another_path_is_named_as_copied(tmp_path, fp16_cache)
                               "files name the files there by absolute path: move a cache with `tritonwarm bundle "
                               "create` / `bundle install` (`--serve-at PATH` when it is installed at another path "
                               f"than the server mounts it at); installed with `--serve-at {fp16_cache}`, it serves "
-                              "there only: check it there"]
+                              f"there only: check it as served there: `tritonwarm check --serve-at {fp16_cache}`"]
 
 
 @pytest.mark.slow

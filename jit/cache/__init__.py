@@ -18,8 +18,10 @@ from .layout import (
     entry_files,
     entry_path,
     file_sha256,
+    refuse_if_served_elsewhere,
     remove_stale_temporaries,
     resolve_cache_dir,
+    serve_at_of,
     variant_lock,
 )
 from .manifest import MANIFEST_FORMAT, Manifest, ManifestDamaged, files_match_record, manifests
@@ -28,6 +30,6 @@ from .plans import PlanStore, code_fingerprint
 __all__ = [
     "CacheError", "MANIFEST_FORMAT", "Manifest", "ManifestDamaged", "PlanStore", "UnreadableEntry", "cache_env",
     "check_cache_dir", "code_fingerprint", "disk_full", "ensure_writable", "entry_dir_name", "entry_files",
-    "entry_path", "file_sha256", "files_match_record", "manifests", "remove_stale_temporaries", "resolve_cache_dir",
-    "triton_version", "variant_lock",
+    "entry_path", "file_sha256", "files_match_record", "manifests", "refuse_if_served_elsewhere",
+    "remove_stale_temporaries", "resolve_cache_dir", "serve_at_of", "triton_version", "variant_lock",
 ]

@@ -32,8 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import env
-from .layout import CacheError, entry_files, file_mode, file_sha256, variant_lock, write_json_atomic
-from .manifest import Manifest, files_match_record
+from .layout import (
+    CacheError,
+    entry_files,
+    file_mode,
+    file_sha256,
+    record_serve_at,
+    serve_at_of,
+    variant_lock,
+    write_json_atomic,
+)
+from .manifest import Manifest, files_match_record, manifests
 from .records import record_problem
 from .sources import PlanSources
 
@@ -496,6 +505,25 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def serve_from(cache_dir: Path, at: Path | None, *, durable: bool = True) -> int:
+    """Make the folder serve at ``at`` (where a server mounts it; None: where it is): the path is
+    recorded first (warm-ups here are refused from then on), then the group of every entry its
+    manifests record is pointed there, so the whole folder serves at one path. A kill part-way is
+    completed by the next install. Returns how many groups were rewritten."""
+    cache_dir = Path(cache_dir).absolute()
+    if at is None and serve_at_of(cache_dir) is None:
+        return 0  # serves where it is, and always did: install wrote its groups for here
+    record_serve_at(cache_dir, at, durable=durable)
+    return point_groups(cache_dir, recorded_layout(cache_dir), at or cache_dir, durable=durable)
+
+
+def recorded_layout(cache_dir: Path) -> list[tuple[str, str, str, dict]]:
+    """``(entry_dir, entry_name, cache_hash, files)`` of every entry the folder's manifests record."""
+    return [(row["entry_dir"], row["entry_name"], cache_hash, row["files"])
+            for manifest in manifests(cache_dir).values() for cache_hash, row in manifest.read().items()
+            if isinstance(row.get("files"), dict)]
+
+
 def point_groups(cache_dir: Path, layout: list, at: Path, *, durable: bool = True) -> int:
     """Rewrite the group of each installed entry (``BundleReport.layout``) to name its files under
     ``at``, the path the server mounts ``cache_dir`` at (Triton reads absolute paths there); ``at`` =
@@ -506,7 +534,7 @@ def point_groups(cache_dir: Path, layout: list, at: Path, *, durable: bool = Tru
         wanted = {name: str(at / entry_dir / name) for name in sorted(digests)}
         group = cache_dir / entry_dir / _group_name(entry_name)
         with variant_lock(cache_dir, cache_hash):
-            if _group_children(group) != wanted:
+            if group.parent.is_dir() and _group_children(group) != wanted:  # a pruned entry stays gone
                 write_json_atomic(group, {"child_paths": wanted}, durable=durable)
                 rewritten += 1
     return rewritten

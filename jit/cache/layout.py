@@ -116,6 +116,46 @@ def ensure_writable(cache_dir: Path) -> None:
         raise CacheError(f"cannot warm into {cache_dir}: {e.strerror or e} (serving from it still works)") from None
 
 
+SERVE_AT_FILE = "serve-at.json"
+
+
+def serve_at_of(cache_dir: Path) -> Path | None:
+    """Where a server mounts this folder, when ``bundle install --serve-at`` filled it for another
+    path than its own; None when it serves where it is. Triton here reads none of its entries then."""
+    marker = Path(cache_dir) / "tritonwarm" / SERVE_AT_FILE
+    try:
+        at = json.loads(marker.read_text())["path"]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise CacheError(f"{marker} is unreadable: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError):
+        at = None
+    if not isinstance(at, str) or not os.path.isabs(at):
+        raise CacheError(f"{marker} is damaged (no absolute \"path\"): install the bundle again with --serve-at PATH")
+    at = Path(os.path.normpath(at))
+    return None if at == Path(cache_dir).absolute() else at
+
+
+def record_serve_at(cache_dir: Path, at: Path | None, *, durable: bool = True) -> None:
+    """Say where the server mounts this folder (None: where it is), before its groups are pointed there."""
+    marker = Path(cache_dir) / "tritonwarm" / SERVE_AT_FILE
+    if at is None:
+        marker.unlink(missing_ok=True)
+    else:
+        write_json_atomic(marker, {"path": str(at)}, durable=durable)
+
+
+def refuse_if_served_elsewhere(cache_dir: Path) -> None:
+    """A compile here would rewrite the groups of the entries it finds missing to name this path, and
+    the server that mounts the folder elsewhere would miss them: warm where it serves."""
+    at = serve_at_of(cache_dir)
+    if at is not None:
+        raise CacheError(f"{cache_dir} is installed for a server that mounts it at {at} (bundle install --serve-at): "
+                         "Triton here reads none of its entries, and compiling here would point them back here: "
+                         f"warm where it is served (TRITON_CACHE_DIR={at}), or into another folder")
+
+
 def entry_dir_name(cache_hash: str) -> str:
     """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
     return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
@@ -125,12 +165,15 @@ def entry_path(cache_dir: Path, entry_dir: str) -> Path:
     return Path(cache_dir) / entry_dir
 
 
-def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str) -> dict[str, str] | None:
+def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str,
+                serve_at: Path | None = None) -> dict[str, str] | None:
     """The files of a complete Triton entry (its ``__grp__`` group), or None: the runtime's view.
 
     Mirrors ``FileCacheManager.get_group``: a missing or damaged group file, or a group naming a
     file that does not exist, reads as a miss. A folder that exists but cannot be read raises
     ``UnreadableEntry`` naming it: that is a permission or disk problem, not a missing variant.
+    ``serve_at``: the view of a server that mounts ``cache_dir`` there; the group must name its
+    files there, and they are looked for here.
     """
     group = entry_path(cache_dir, entry_dir) / f"__grp__{kernel_name[:150]}.json"
     try:
@@ -141,21 +184,38 @@ def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str) -> dict[str, 
         raise UnreadableEntry(f"entry {group.parent} is unreadable: {e.strerror or e}") from None
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(children, dict) or not all(os.path.exists(p) for p in children.values()):
+    if not isinstance(children, dict):
+        return None
+    if serve_at is not None:
+        children = _as_mounted(children, Path(serve_at) / entry_dir, entry_path(cache_dir, entry_dir))
+    if children is None or not all(os.path.exists(p) for p in children.values()):
         return None
     return children
 
 
-def foreign_group_folder(cache_dir: Path, entry_dir: str, kernel_name: str) -> str | None:
+def _as_mounted(children: dict, served: Path, here: Path) -> dict[str, str] | None:
+    """A group's paths under ``served`` (the entry as the server mounts it) as paths ``here``; None
+    when one names another folder, which that server would not find."""
+    if not all(isinstance(p, str) and Path(p).parent == served for p in children.values()):
+        return None
+    return {name: str(here / Path(p).name) for name, p in children.items()}
+
+
+def foreign_group_folder(cache_dir: Path, entry_dir: str, kernel_name: str,
+                         serve_at: Path | None = None) -> str | None:
     """The folder an entry's ``__grp__`` file names its files in, when that is not the entry's own
-    folder: a cache copied or mounted at another path (Triton writes absolute paths there)."""
-    own = entry_path(cache_dir, entry_dir)
+    folder (at ``serve_at``, where given): a cache copied or mounted at another path (Triton writes
+    absolute paths there)."""
+    here = entry_path(cache_dir, entry_dir)
     try:
-        children = json.loads((own / f"__grp__{kernel_name[:150]}.json").read_text())["child_paths"]
+        children = json.loads((here / f"__grp__{kernel_name[:150]}.json").read_text())["child_paths"]
         folders = {os.path.dirname(p) for p in children.values()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    foreign = sorted(f for f in folders if Path(f) != own and Path(f).resolve() != own.resolve())
+    if serve_at is not None:  # a path on the server: compared as written
+        foreign = sorted(f for f in folders if Path(f) != Path(serve_at) / entry_dir)
+    else:
+        foreign = sorted(f for f in folders if Path(f) != here and Path(f).resolve() != here.resolve())
     return foreign[0] if foreign else None
 
 
