@@ -171,6 +171,11 @@ def test_a_volume_for_another_mount_path_is_checked_as_served_there_and_never_wa
     assert compile_counter.count == before
     assert {group: group.read_bytes() for group in volume.glob("*/__grp__*.json")} == groups
 
+    again = tmp_path / "again.tar.gz"  # bundled from where it was installed, as the server reads it
+    _bundle(again, spec_file, volume)
+    assert {n: d for n, d in _members(again).items() if n.endswith(".cubin")} == \
+        {n: d for n, d in _members(bundle).items() if n.endswith(".cubin")}
+
     (volume / "tritonwarm" / "serve-at.json").write_text('{"path": "srv/cache"}')
     assert main(check_cmd) == 2
     assert "serve-at.json is damaged (no absolute \"path\"): install the bundle again with --serve-at PATH" \

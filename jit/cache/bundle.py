@@ -91,9 +91,11 @@ class BundleReport:
 def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_only: bool = False) -> dict:
     """The header of a bundle holding these variants from ``cache_dir``; each must be warmed and intact.
 
-    Each row is the manifest's row, with ``files`` narrowed to what the bundle carries.
+    Each row is the manifest's row, with ``files`` narrowed to what the bundle carries. A folder
+    installed for a server that mounts it elsewhere is read as that server reads it.
     """
     cache_dir = Path(cache_dir)
+    served_at = serve_at_of(cache_dir)
     targets: dict[str, dict] = {}
     environments: dict[str, dict] = {}
     for target, variants in variants_by_target.items():
@@ -104,7 +106,7 @@ def collect(cache_dir: Path, variants_by_target: dict[str, Iterable], *, binary_
         for variant in sorted(variants, key=lambda v: v.cache_hash):
             what = f"{target} {variant.variant_id} ({variant.kernel.rsplit('.', 1)[-1]})"
             row = recorded.get(variant.cache_hash)
-            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+            files = entry_files(cache_dir, variant.entry_dir, variant.entry_name, served_at)
             if files is None or row is None:
                 raise BundleError(f"{what}: not warmed in {cache_dir}; run tritonwarm warmup with the same "
                                   "specs, targets and options first")
