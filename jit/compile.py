@@ -53,7 +53,8 @@ def groups_read_as_served(cache_dir, serve_at):
     """Triton's cache lookups in this process read ``cache_dir`` as a server that mounts it at
     ``serve_at`` does: a group naming its files there finds them here. A check of a volume filled
     for another mount path (``bundle install --serve-at``) reads its entries back to look up their C
-    launchers; without this Triton would miss them, compile them again and point their groups here."""
+    launchers; without this Triton would miss them, compile them again (or fetch them, through a
+    fleet's cache manager) and point their groups here. The manager class in use is answered too."""
     if serve_at is None:
         yield
         return
@@ -61,19 +62,28 @@ def groups_read_as_served(cache_dir, serve_at):
 
     from .cache.layout import entry_files
 
-    original, folder = FileCacheManager.get_group, Path(cache_dir).absolute()
+    folder = Path(cache_dir).absolute()
 
-    def get_group(self, filename):
-        entry = Path(self.cache_dir)
-        if entry.parent != folder or not filename.endswith(".json"):
-            return original(self, filename)
-        return entry_files(folder, entry.name, filename[:-len(".json")], serve_at)
+    def reading_as_served(original):
+        def get_group(self, filename):
+            entry = getattr(self, "cache_dir", None)
+            if entry is None or Path(entry).parent != folder or not filename.endswith(".json"):
+                return original(self, filename)
+            return entry_files(folder, Path(entry).name, filename[:-len(".json")], serve_at)
+        return get_group
 
-    FileCacheManager.get_group = get_group
+    classes = [FileCacheManager] + [c for c in [knobs.cache.manager_class] if c not in (None, FileCacheManager)]
+    originals = [(cls, cls.get_group, cls.__dict__.get("get_group")) for cls in classes]
+    for cls, original, _ in originals:
+        cls.get_group = reading_as_served(original)
     try:
         yield
     finally:
-        FileCacheManager.get_group = original
+        for cls, _, own in reversed(originals):
+            if own is None:  # inherited: the class's own name goes again
+                del cls.get_group
+            else:
+                cls.get_group = own
 
 
 def _restore(knob: str | None, env: str | None) -> None:

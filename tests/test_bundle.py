@@ -145,6 +145,11 @@ def test_a_volume_for_another_mount_path_is_checked_as_served_there_and_never_wa
     assert main(check_cmd + ["--serve-at", str(mount), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["serve_at"] == str(mount) and report["targets"][0]["planned"] == 2
+    with monkeypatch.context() as fleet:  # a server reading through the fleet's cache manager: the same
+        fleet.setenv("TRITON_CACHE_MANAGER", "tritonwarm.jit.cache.remote:RedisCacheManager")
+        assert main(check_cmd + ["--serve-at", str(mount)]) == 0
+    capsys.readouterr()
+    assert {group: group.read_bytes() for group in volume.glob("*/__grp__*.json")} == groups  # (Triton 3.6 looked)
     assert main(check_cmd + ["--serve-at", str(tmp_path / "elsewhere")]) == 1  # not the path it was installed for
     assert (f"why: this folder is installed for a server that mounts it at {mount}, not at {tmp_path / 'elsewhere'}: "
             f"install the bundle with `--serve-at {tmp_path / 'elsewhere'}`") in capsys.readouterr().out
