@@ -35,7 +35,16 @@ from .cache.env import (
 from .cache.manifest import entry_fingerprint, manifests
 from .cache.remote import held_by_fleet
 from .compile import groups_read_as_served
-from .miss import COPIED, FILES_GONE, OTHER_CODE, OTHER_OPTIONS, OTHER_TARGET, WarmedNeighbours
+from .miss import (
+    COPIED,
+    FILES_GONE,
+    GLOBALS_ADVICE,
+    OTHER_CODE,
+    OTHER_GLOBALS,
+    OTHER_OPTIONS,
+    OTHER_TARGET,
+    WarmedNeighbours,
+)
 from .plan import Plan
 
 
@@ -162,7 +171,7 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
     misses many variants at once: another target warmed, a copied cache, files removed, other
     compile options, a kernel's code that is not the warmed code. ``copies_explained``: the folder's
     mount path is named already, so entries naming their files elsewhere need no line of their own."""
-    shared: Counter[tuple[str, str]] = Counter()
+    shared: Counter[tuple[str, tuple[str, ...]]] = Counter()
     for summary in report.missing:
         reason = neighbours.why(wanted[summary["id"]])
         if reason is None:
@@ -172,9 +181,10 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
             return
         summary["why"] = reason.line
         if reason.kind in _SHARED_CAUSES and not (copies_explained and reason.kind == COPIED):
-            detail = summary["kernel"] if reason.kind == OTHER_CODE else reason.detail or ""
+            detail = (summary["kernel"],) if reason.kind == OTHER_CODE else (
+                (summary["kernel"], reason.detail) if reason.kind == OTHER_GLOBALS else (reason.detail or "",))
             shared[reason.kind, detail] += 1
-    report.reasons += [_SHARED_CAUSES[kind](_variants(count), detail) for (kind, detail), count in shared.items()]
+    report.reasons += [_SHARED_CAUSES[kind](_variants(count), *detail) for (kind, detail), count in shared.items()]
 
 
 _SHARED_CAUSES = {
@@ -192,6 +202,9 @@ _SHARED_CAUSES = {
         f"{kernel}: {variants} cached for Triton's same keys under other hashes: the kernel's code is not the code "
         "that warmed this cache (another tritonwarm release, or an edited kernel or @triton.jit helper): warm with "
         "the code that serves"),
+    OTHER_GLOBALS: lambda variants, kernel, constants: (
+        f"{kernel}: {variants} cached for Triton's same keys under other hashes, warmed with other values of the "
+        f"module-level constexprs the kernel reads: {constants}: {GLOBALS_ADVICE}"),
 }
 
 

@@ -9,7 +9,9 @@ explained once per environment by ``env.differences``):
 - the manifest records this very hash, but its files are gone: removed since the warm-up;
 - an entry with Triton's very key (same arguments, same options) sits under another hash: the only
   part of the hash left is the kernel's code (its source or a ``@triton.jit`` helper), so the cache
-  was warmed by other code than the one serving, e.g. another tritonwarm release;
+  was warmed by other code than the one serving, e.g. another tritonwarm release; where the
+  module-level constexprs the kernel reads (in that hash too) had other values, they are named: a
+  value computed at import, from an environment variable or the machine;
 - otherwise the nearest entry names the arguments (specialization classes) or options that differ:
   a class that was not warmed, or options (``debug``) the warm-up did not have;
 - no entry of the kernel at all: it was never warmed for this environment;
@@ -30,6 +32,7 @@ from .cache.layout import foreign_group_folder
 from .cache.manifest import entry_fingerprint, manifests
 
 COPIED, FILES_GONE, OTHER_CODE, OTHER_CLASS = "copied", "files gone", "other code", "other class"
+OTHER_GLOBALS = "other module constants"
 NOT_WARMED, OTHER_TARGET, OTHER_OPTIONS = "kernel not warmed", "other target", "other options"
 _OPTIONS = ("num_warps", "num_stages")
 _SHOWN = 3  # differing arguments named before "and N more"
@@ -37,7 +40,7 @@ _SHOWN = 3  # differing arguments named before "and N more"
 
 @dataclass(frozen=True)
 class MissReason:
-    kind: str  # one of COPIED, FILES_GONE, OTHER_CODE, OTHER_CLASS, OTHER_OPTIONS, NOT_WARMED, OTHER_TARGET
+    kind: str  # COPIED, FILES_GONE, OTHER_CODE, OTHER_GLOBALS, OTHER_CLASS, OTHER_OPTIONS, NOT_WARMED, OTHER_TARGET
     line: str  # what to print after the missing variant
     neighbour: str | None = None  # id of the recorded entry it was told from
     detail: str | None = None  # what variants missed for one cause share: the options, the original cache
@@ -98,6 +101,12 @@ class WarmedNeighbours:
         nearest = min(entries, key=lambda entry: len(_differences(entry, wanted)))
         differing = _differences(nearest, wanted)
         if not differing and wanted.get("key") is not None and nearest.get("key") == wanted["key"]:
+            constants = _named(_differing_globals(nearest, wanted))
+            if constants:
+                return MissReason(OTHER_GLOBALS, f"variant {nearest['id']} has Triton's same key (arguments and "
+                                                 "options) under another hash, and the module-level constexprs "
+                                                 f"the kernel reads differ: {constants}: "
+                                                 f"{GLOBALS_ADVICE}", nearest["id"], constants)
             return MissReason(OTHER_CODE, f"variant {nearest['id']} has Triton's same key (arguments and options) "
                                           "under another hash: the kernel's code (its source or a @triton.jit "
                                           "helper) is not the code that warmed it: warm with the code that serves",
@@ -105,13 +114,12 @@ class WarmedNeighbours:
         if not differing:
             return MissReason(OTHER_CLASS, f"variant {nearest['id']} has the same arguments under another hash: "
                                            "other launch options, or other code of the kernel", nearest["id"])
-        named = ", ".join(f"{name} (warmed {warmed}, here {here})" for name, warmed, here in differing[:_SHOWN])
-        more = f" and {len(differing) - _SHOWN} more" if len(differing) > _SHOWN else ""
+        named = _named(differing)
         if not any(name in wanted.get("args", {}) or name in _OPTIONS for name, _, _ in differing):
             return MissReason(OTHER_OPTIONS, f"nearest warmed variant {nearest['id']} has the same arguments, "
-                                             f"compiled with other options: {named}{more}: serve with the options "
-                                             "the warm-up had (TRITON_DEBUG, say)", nearest["id"], named + more)
-        return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}{more}: this "
+                                             f"compiled with other options: {named}: serve with the options the "
+                                             "warm-up had (TRITON_DEBUG, say)", nearest["id"], named)
+        return MissReason(OTHER_CLASS, f"nearest warmed variant {nearest['id']} differs in {named}: this "
                                        "class was not warmed: warm a spec row that launches it", nearest["id"])
 
     def _copied_from(self, wanted: dict) -> str | None:
@@ -120,6 +128,26 @@ class WarmedNeighbours:
             return None
         return foreign_group_folder(Path(self.cache_dir), entry_dir_name(wanted["cache_hash"]), wanted["entry_name"],
                                     self.serve_at)
+
+
+GLOBALS_ADVICE = ("values computed when the module is imported (from an environment variable, or the machine) are "
+                  "part of every key of the kernel: warm where they have the serving values")
+
+
+def _named(differing: list[tuple[str, object, object]]) -> str:
+    """``name (warmed W, here H), ...`` for the first few, then ``and N more``."""
+    named = ", ".join(f"{name} (warmed {warmed}, here {here})" for name, warmed, here in differing[:_SHOWN])
+    return named + (f" and {len(differing) - _SHOWN} more" if len(differing) > _SHOWN else "")
+
+
+def _differing_globals(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:
+    """``(name, warmed, here)`` for each module-level constexpr whose value differs, where both sides
+    recorded them (entries warmed before they were recorded say nothing)."""
+    warmed, here = entry.get("constexpr_globals"), wanted.get("constexpr_globals")
+    if not isinstance(warmed, dict) or not isinstance(here, dict):
+        return []
+    return [(name, warmed.get(name, "-"), here.get(name, "-")) for name in sorted({*warmed, *here})
+            if warmed.get(name) != here.get(name)]
 
 
 def _differences(entry: dict, wanted: dict) -> list[tuple[str, object, object]]:

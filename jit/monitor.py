@@ -61,6 +61,7 @@ class LaunchedVariant:
     num_warps: int | None = None
     num_stages: int | None = None
     entry_name: str | None = None  # the kernel function's name: Triton names the entry's files after it
+    constexpr_globals: dict | None = None  # the kernel's module-level constexprs (``trace.constexpr_globals``)
     why: str | None = None  # on a miss: what the cache holds instead (``miss.WarmedNeighbours``)
 
     def to_json(self) -> dict:
@@ -110,7 +111,8 @@ class DispatchMonitor:
                     hit = fetch_from_fleet(self.cache_dir, variant.entry_dir, variant.entry_name)
                 dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
                                            variant.args, key=variant.key, num_warps=variant.num_warps,
-                                           num_stages=variant.num_stages, entry_name=variant.entry_name)
+                                           num_stages=variant.num_stages, entry_name=variant.entry_name,
+                                           constexpr_globals=variant.constexpr_globals)
                 self.dispatches[variant.cache_hash] = dispatch
                 if not hit:
                     self._on_miss(dispatch)
@@ -196,7 +198,7 @@ class DispatchMonitor:
         """Watch real launches on this machine's GPU (a no-op for interpreted CPU launches)."""
         from triton.runtime.driver import driver
 
-        from .trace import disk_cache_hash, readable_args
+        from .trace import constexpr_globals, disk_cache_hash, readable_args
 
         monitor = self
         started: dict[str, float] = {}
@@ -207,7 +209,8 @@ class DispatchMonitor:
             monitor._follow_the_cache_triton_reads(changed=True)
             variant = Variant(kernel.name, target.name, str(key), compile["specialization_data"],
                               readable_args(kernel, compile), int(compile["num_warps"]), int(compile["num_stages"]),
-                              disk_cache_hash(kernel, target, compile), entry_name=kernel.fn.__name__)
+                              disk_cache_hash(kernel, target, compile), entry_name=kernel.fn.__name__,
+                              constexpr_globals=constexpr_globals(fn.jit_function))
             dispatch = monitor._record(variant, count_launch=False)
             if not dispatch.hit or always_compiles:
                 started[str(key)] = time.perf_counter()

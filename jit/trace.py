@@ -42,6 +42,7 @@ class Variant:
     import_path: str = ""  # module to import so that the kernel is defined (worker processes)
     entry_name: str = ""  # the kernel function's name: Triton names the entry's files after it
     jit_function: str = ""  # "module:qualname" of a kernel that is no JitKernel (captured by capture: all)
+    constexpr_globals: dict[str, str] = field(default_factory=dict)  # module-level constexprs in Triton's hash
 
     @property
     def variant_id(self) -> str:
@@ -75,6 +76,7 @@ class Variant:
             "entry_name": self.entry_name,
             "jit_function": self.jit_function,
             "specialization_data": self.specialization_data,
+            "constexpr_globals": self.constexpr_globals,
         }
 
 
@@ -155,6 +157,7 @@ class Capture(FakeLaunchSink):
                 import_path=self.import_path,
                 entry_name=kernel.fn.__name__,
                 jit_function=getattr(kernel, "locator", ""),
+                constexpr_globals=constexpr_globals(kernel.jit_function),
             )
             self.variants[(kernel.name, key)] = variant
         if self.current_row is not None:
@@ -197,6 +200,19 @@ def trace_call(target: Target, fn: Callable, *args, all_kernels: bool = False, *
     with capture(target, all_kernels) as cap:
         fn(*args, **kwargs)
     return list(cap.variants.values())
+
+
+def constexpr_globals(jit_function: JITFunction) -> dict[str, str]:
+    """The module-level ``tl.constexpr`` values a kernel and its ``@triton.jit`` helpers read, as Triton
+    hashes them into every key of the kernel: ``{name: repr(value)}``. A value computed when the module
+    is imported (from an environment variable, or the machine) is how one kernel source gets other
+    keys on a build machine than on a server; recorded, a miss can name it."""
+    jit_function.cache_key  # noqa: B018 (Triton collects the globals while it hashes the source)
+    values: dict[str, set[str]] = {}
+    for (name, _), (value, _) in getattr(jit_function, "used_global_vals", {}).items():
+        if isinstance(value, tl.constexpr):
+            values.setdefault(name, set()).add(repr(value.value)[:80])
+    return {name: " | ".join(sorted(reprs)) for name, reprs in sorted(values.items())}
 
 
 def readable_args(kernel: JitKernel | ForeignKernel, request: dict) -> dict[str, str]:

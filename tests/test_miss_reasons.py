@@ -6,6 +6,8 @@ warmed variant's differing arguments), a kernel never warmed. ``check``, the ser
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from tritonwarm.engine.plan import check_trace
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_path
 from tritonwarm.jit.check import check
-from tritonwarm.jit.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, WarmedNeighbours
+from tritonwarm.jit.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
 from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
@@ -148,6 +150,21 @@ def test_each_reason_is_told_from_the_nearest_entry():
     assert many.line.count("(warmed") == 3 and "and 1 more" in many.line
 
 
+def test_module_level_constexprs_with_other_values_are_named_where_both_sides_recorded_them():
+    runtime = {"triton": {"version": "3.9.0"}, "env": {}}
+    entry = {"kernel": "k", "args": {"n": "i32"}, "key": "K", "triton_version": "3.9.0", "env": {},
+             "constexpr_globals": {"USE_FAST": "False", "SCALE": "1.0"}}
+    neighbours = WarmedNeighbours({"a" * 64: {**entry, "id": "aaaaaaaaaaaa"}}, {}, runtime, "sm90")
+    here = {**entry, "cache_hash": "c" * 64, "constexpr_globals": {"USE_FAST": "True", "SCALE": "1.0", "NEW": "3"}}
+    reason = neighbours.why(here)
+    assert (reason.kind, reason.neighbour) == (OTHER_GLOBALS, "aaaaaaaaaaaa")
+    assert "the module-level constexprs the kernel reads differ: NEW (warmed -, here 3), USE_FAST (warmed False, " \
+           "here True): values computed when the module is imported" in reason.line
+    assert neighbours.why({**entry, "cache_hash": "c" * 64}).kind == OTHER_CODE  # same values: the code differs
+    before = {k: v for k, v in here.items() if k != "constexpr_globals"}  # a monitor record without them
+    assert neighbours.why(before).kind == OTHER_CODE
+
+
 def test_options_are_read_from_tritons_key():
     runtime = {"triton": {"version": "3.9.0"}, "env": {}}
     key = "[('*bf16', 'D'), ('i32', 'D')]{'num_warps': 4, 'num_stages': 2, 'debug': False}"
@@ -206,6 +223,47 @@ def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(c
                                 env=env).stdout)
     [missing] = report["targets"][0]["missing"]
     assert "is not the code that warmed it" in missing["why"]
+
+
+DRY_RUN = """
+import torch
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from edited_launchers import add_const_launcher
+
+try:
+    with DispatchMonitor({cache!r}, policy="error").dry_run(TARGETS["sm90"]):
+        add_const_launcher(torch.empty(1024, device="meta"))
+except JitPolicyError as e:
+    print(e)
+"""
+
+
+@pytest.mark.slow
+def test_a_module_level_constexpr_computed_at_import_is_named_when_it_differs(custom_kernel, tmp_path, run_cli):
+    """A kernel module that reads an environment variable (or the machine) at import: the build
+    machine and the server hash the same source into other keys, and the miss names the value."""
+    code, spec, env = custom_kernel
+    kernels = code / "edited_kernels.py"
+    kernels.write_text("import os\n" + kernels.read_text().replace("x + 1.0", "x + INCREMENT").replace(
+        "@triton.jit", 'INCREMENT = tl.constexpr(float(os.environ.get("ADD_CONST_INCREMENT", "1.0")))\n\n\n'
+                       "@triton.jit"))
+    cache = tmp_path / "cache"
+    run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
+    [entry] = json.loads((cache / "tritonwarm" / "manifest-sm90.json").read_text())["variants"].values()
+    assert entry["constexpr_globals"] == {"INCREMENT": "1.0"}
+    run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
+
+    server = {**env, "ADD_CONST_INCREMENT": "2.0"}
+    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=server).stdout
+    assert ("why: edited_kernels.add_const: 1 planned variant is cached for Triton's same keys under other hashes, "
+            "warmed with other values of the module-level constexprs the kernel reads: INCREMENT (warmed 1.0, here "
+            "2.0): values computed when the module is imported (from an environment variable, or the machine) are "
+            "part of every key of the kernel: warm where they have the serving values") in out
+    served = subprocess.run([sys.executable, "-c", DRY_RUN.format(cache=str(cache))], env=server, text=True,
+                            capture_output=True, timeout=300)
+    assert "would compile at serving time" in served.stdout and "INCREMENT (warmed 1.0, here 2.0)" in served.stdout, \
+        served.stdout + served.stderr
 
 
 @pytest.mark.slow
