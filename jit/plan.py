@@ -63,7 +63,7 @@ def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
     """Trace every row of every spec that applies to ``target``; nothing is compiled.
 
     With ``cache_dir``, a spec whose inputs did not change (its file, tritonwarm's code, its
-    launcher's module, the source of every kernel it traced, Triton's version and cache-invalidating
+    launcher's package, the source of every kernel it traced, Triton's version and cache-invalidating
     environment, the target) is not traced again: its plan is read back from the plan store. With
     ``pool`` (``jit.pool.worker_pool``), the specs are traced in its worker processes.
     """

@@ -38,6 +38,86 @@ def test_editing_a_kernel_in_another_module_recompiles_it(custom_kernel, tmp_pat
     tritonwarm("check", spec, "--target", "sm90", "--cache-dir", cache, env=env)
 
 
+TILES_PACKAGE = {
+    "__init__.py": "",
+    "kernels.py": """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2.0, mask=offs < n)
+""",
+    "warps.py": "def warps_for(block):\n    return 4\n",
+    "launch.py": """
+import json
+from pathlib import Path
+
+import triton
+from tritonwarm.jit import JitKernel, Launch
+
+from .kernels import scale
+from .warps import warps_for
+
+
+def _launch(x):
+    block = json.loads(Path(__file__).with_name("tiles.json").read_text())["BLOCK"]
+    return Launch(grid=(triton.cdiv(x.numel(), block),), args=(x, x.numel()), constexprs=dict(BLOCK=block),
+                  num_warps=warps_for(block))
+
+
+scale_jit = JitKernel(scale, _launch)
+
+
+def launcher(x):
+    return scale_jit(x)
+""",
+    "tiles.json": '{"BLOCK": 256}',
+}
+
+
+@pytest.mark.slow
+def test_editing_a_tile_table_or_a_helper_of_the_launchers_package_traces_it_again(tmp_path):
+    """A stored plan is read back only while the launcher's package (code and JSON data) is unchanged:
+    a tuned tile table dropped in must be warmed, not answered from the plan of the old one."""
+    package = tmp_path / "code" / "tiles_pkg"
+    package.mkdir(parents=True)
+    for name, text in TILES_PACKAGE.items():
+        (package / name).write_text(text)
+    spec = tmp_path / "tiles.yaml"
+    spec.write_text("kernel: tiles_pkg.launch:launcher\nargs:\n  x: {tensor: [4096], dtype: float32}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "code"),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    cache = tmp_path / "cache"
+
+    def warmup():
+        out = tritonwarm("warmup", spec, "--target", "sm90", "--cache-dir", cache, "--json", env=env).stdout
+        return json.loads(out)["compiled"]
+
+    assert (warmup(), warmup()) == (1, 0)
+    (package / "tiles.json").write_text('{"BLOCK": 512}')
+    assert warmup() == 1
+    (package / "warps.py").write_text("def warps_for(block):\n    return 8\n")
+    assert warmup() == 1
+    tritonwarm("check", spec, "--target", "sm90", "--cache-dir", cache, env=env)
+
+
+def test_the_shipped_tile_tables_are_part_of_the_code_a_plan_is_keyed_by():
+    import importlib
+    from pathlib import Path
+
+    from tritonwarm.jit.cache.plans import traced_files
+
+    fused_moe = importlib.import_module("tritonwarm.launchers.fused_moe")
+    _attention_tiles = importlib.import_module("tritonwarm.launchers._attention_tiles")
+    root = Path(fused_moe.__file__).resolve().parents[1]
+    tables = [_attention_tiles.TILES_FILE.resolve(), *sorted(fused_moe.CONFIG_DIR.resolve().glob("*.json"))]
+    assert len(tables) >= 3 and set(tables) <= set(traced_files(root))
+    assert not any(part in ("tests", "bench") for path in traced_files(root) for part in path.relative_to(root).parts)
+
+
 def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path, dtypes_spec_file):
     spec_file = dtypes_spec_file
     specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"

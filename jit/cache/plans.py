@@ -4,36 +4,74 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from .env import cache_env, current_triton_key_sha256, triton_version
-from .layout import file_sha256, write_json_atomic
+from .layout import write_json_atomic
+
+TRACED_SUFFIXES = (".py", ".json")  # code, and the data launch specs read (tile tables, tuned configs)
+_NOT_READ_BY_LAUNCHERS = ("tests", "bench", "__pycache__")
 
 
-@lru_cache(maxsize=1)
 def code_fingerprint() -> str:
-    """sha256 over tritonwarm's own sources: any change to a launcher or kernel invalidates plans."""
-    root = Path(__file__).resolve().parents[2]
+    """sha256 over tritonwarm's own code and data: any change to a launcher, a kernel, the engine or
+    a tile table invalidates plans."""
+    return tree_fingerprint(str(Path(__file__).resolve().parents[2]))
+
+
+def traced_files(root: Path) -> list[Path]:
+    """Every ``.py`` and ``.json`` file under ``root`` (a package's folder, or one module's file),
+    tests, benchmarks and hidden folders left out: what a launch spec may read beyond its own
+    module (helpers of its package, a tile table beside it)."""
+    if root.is_file():
+        return [root]
+    return sorted(path for path in root.rglob("*") if path.suffix in TRACED_SUFFIXES and path.is_file() and not any(
+        part in _NOT_READ_BY_LAUNCHERS or part.startswith(".") or part.endswith(".egg-info")
+        for part in path.relative_to(root).parts[:-1]))
+
+
+@cache
+def tree_fingerprint(root: str) -> str:
+    """sha256 over ``traced_files(root)``, names and contents: a plan traced from them is only as
+    good as they are unchanged (once per process: the code it runs is the code it imported)."""
+    top = Path(root)
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        relative = path.relative_to(root)
-        if relative.parts[0] in ("tests", "bench") or "__pycache__" in relative.parts:
-            continue
-        h.update(str(relative).encode())
+    for path in traced_files(top):
+        h.update(str(path.relative_to(top) if path != top else path.name).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def launcher_fingerprint(launcher) -> str:
+    """``tree_fingerprint`` of the top-level package a launcher is defined in (of its own file where it
+    is in no package; empty where it has none, like code typed into an interpreter)."""
+    import inspect
+    import sys
+
+    top = sys.modules.get(str(getattr(launcher, "__module__", "")).split(".")[0])
+    file = getattr(top, "__file__", None)
+    if file and Path(file).name == "__init__.py":
+        return tree_fingerprint(str(Path(file).resolve().parent))
+    folders = list(getattr(top, "__path__", []) or [])  # a namespace package: each of its folders
+    if folders:
+        return hashlib.sha256("".join(tree_fingerprint(str(Path(f).resolve())) for f in folders).encode()).hexdigest()
+    try:
+        source = file or inspect.getsourcefile(launcher) or ""
+    except TypeError:  # no Python source (a builtin, a partial): nothing to read
+        source = ""
+    return tree_fingerprint(str(Path(source).resolve())) if source and Path(source).is_file() else ""
 
 
 class PlanStore:
     """Traced plans keyed by everything that can change them, so a no-op warm-up re-traces nothing.
 
-    The key covers the spec file, tritonwarm's code, the launcher's module, Triton and its
-    environment, the target. Kernels may live elsewhere (another module, another package): each
-    stored plan also records Triton's source key of every kernel it traced (``JITFunction.cache_key``,
-    which covers the kernel's ``@triton.jit`` dependencies), and the planner re-traces when one
-    changed. A stored plan carries a digest of itself, so a file altered by hand is not trusted.
+    The key covers the spec file, tritonwarm's code and data, the code and data of the launcher's
+    package (``tree_fingerprint``), Triton and its environment, the target. Kernels may live elsewhere
+    (another module, another package): each stored plan also records Triton's source key of every
+    kernel it traced (``JITFunction.cache_key``, which covers the kernel's ``@triton.jit``
+    dependencies), and the planner re-traces when one changed. A stored plan carries a digest of
+    itself, so a file altered by hand is not trusted.
     """
 
     FORMAT = 2
@@ -42,12 +80,8 @@ class PlanStore:
         self.dir = Path(cache_dir) / "tritonwarm" / "plans"
 
     def key(self, spec, target, verify_collapse: bool) -> str:
-        import inspect
-
-        launcher_file = inspect.getsourcefile(spec.launcher) or ""
         parts = [
-            self.FORMAT, spec.source_sha256, spec.index, code_fingerprint(),
-            file_sha256(launcher_file) if launcher_file and os.path.exists(launcher_file) else "",
+            self.FORMAT, spec.source_sha256, spec.index, code_fingerprint(), launcher_fingerprint(spec.launcher),
             triton_version(), current_triton_key_sha256(), cache_env(), target.name, verify_collapse,
         ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
