@@ -7,6 +7,9 @@ variants (vLLM #53567). Nothing here compiles or writes the cache, except the pl
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -32,9 +35,11 @@ class Plan:
     # what planned it: spec files and engine configs, recorded by warm-up so prune can re-plan them
     sources: dict[str, list[str]] = field(default_factory=lambda: {"specs": [], "engine_configs": []})
     notes: list[str] = field(default_factory=list)  # what tracing had to approximate (autotune pruning)
+    environment_read: dict[str, str | None] = field(default_factory=dict)  # variables launchers read, values
 
     def merge(self, other: Plan) -> None:
         self.rows += other.rows
+        self.environment_read.update(other.environment_read)
         for name in ("unreachable", "redundant", "errors", "collapse_errors", "notes"):
             getattr(self, name).extend(getattr(other, name))
         for kind, names in other.sources.items():
@@ -49,13 +54,14 @@ class Plan:
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
                 "errors": self.errors, "collapse_errors": self.collapse_errors, "notes": self.notes,
-                "variants": [v.to_json() for v in self.variants.values()]}
+                "environment_read": self.environment_read, "variants": [v.to_json() for v in self.variants.values()]}
 
     @classmethod
     def from_json(cls, target: Target, data: dict) -> Plan:
         variants = [Variant.from_json(v) for v in data["variants"]]
         return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
-                   data["redundant"], data["errors"], data["collapse_errors"], notes=data.get("notes", []))
+                   data["redundant"], data["errors"], data["collapse_errors"], notes=data.get("notes", []),
+                   environment_read=dict(data.get("environment_read", {})))
 
 
 def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
@@ -124,6 +130,9 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     data, kernels = stored
     if any(_source_key(name) != source_key for name, source_key in kernels.items()):
         return None  # a kernel (or a @triton.jit function it calls) was edited
+    read = data.get("environment_read") if isinstance(data, dict) else None
+    if not isinstance(read, dict) or any(os.environ.get(name) != value for name, value in read.items()):
+        return None  # a variable its launchers read has another value (or a plan stored before they were recorded)
     try:
         return Plan.from_json(target, data)
     except (KeyError, TypeError, ValueError):
@@ -179,6 +188,13 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
 
 
 def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
+    with environment_reads() as read:
+        result = _trace_spec(spec, target, verify_collapse)
+    result.environment_read = dict(read)
+    return result
+
+
+def _trace_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
     rows = spec.rows()
     result, cap = trace_rows(target, spec.kernel_path,
                              ((row.label, lambda values=row.values: _call(spec, values)) for row in rows),
@@ -202,6 +218,44 @@ def _plan_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
     if verify_collapse:
         result.collapse_errors += _verify_collapse(spec, rows, cap, target)
     return result
+
+
+_readers: list[dict[str, str | None]] = []
+_readers_lock = threading.Lock()
+_environ_getitem = type(os.environ).__getitem__
+
+
+def _recorded_getitem(environ, name):
+    try:
+        value = _environ_getitem(environ, name)
+    except KeyError:
+        _remember(name, None)
+        raise
+    _remember(name, value)
+    return value
+
+
+def _remember(name, value: str | None) -> None:
+    for read in list(_readers):
+        read.setdefault(str(name), value)
+
+
+@contextlib.contextmanager
+def environment_reads():
+    """``{name: value or None}`` of every environment variable read (``os.environ``, ``os.getenv``)
+    inside the block: what a launch spec decided from besides its code. A stored plan is only reused
+    while they hold the same values."""
+    read: dict[str, str | None] = {}
+    with _readers_lock:
+        _readers.append(read)
+        type(os.environ).__getitem__ = _recorded_getitem
+    try:
+        yield read
+    finally:
+        with _readers_lock:
+            _readers.remove(read)
+            if not _readers:
+                type(os.environ).__getitem__ = _environ_getitem
 
 
 def _call(spec: Spec, values: dict):

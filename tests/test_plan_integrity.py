@@ -53,6 +53,7 @@ def scale(x_ptr, n, BLOCK: tl.constexpr):
     "warps.py": "def warps_for(block):\n    return 4\n",
     "launch.py": """
 import json
+import os
 from pathlib import Path
 
 import triton
@@ -63,7 +64,8 @@ from .warps import warps_for
 
 
 def _launch(x):
-    block = json.loads(Path(__file__).with_name("tiles.json").read_text())["BLOCK"]
+    table = json.loads(Path(__file__).with_name("tiles.json").read_text())
+    block = int(os.environ.get("TILES_BLOCK") or table["BLOCK"])
     return Launch(grid=(triton.cdiv(x.numel(), block),), args=(x, x.numel()), constexprs=dict(BLOCK=block),
                   num_warps=warps_for(block))
 
@@ -79,9 +81,10 @@ def launcher(x):
 
 
 @pytest.mark.slow
-def test_editing_a_tile_table_or_a_helper_of_the_launchers_package_traces_it_again(tmp_path):
-    """A stored plan is read back only while the launcher's package (code and JSON data) is unchanged:
-    a tuned tile table dropped in must be warmed, not answered from the plan of the old one."""
+def test_editing_a_tile_table_a_helper_or_a_variable_the_launcher_reads_traces_it_again(tmp_path):
+    """A stored plan is read back only while the launcher's package (code and JSON data) and the
+    environment variables it read are unchanged: a tuned tile table dropped in must be warmed, not
+    answered from the plan of the old one."""
     package = tmp_path / "code" / "tiles_pkg"
     package.mkdir(parents=True)
     for name, text in TILES_PACKAGE.items():
@@ -101,6 +104,10 @@ def test_editing_a_tile_table_or_a_helper_of_the_launchers_package_traces_it_aga
     assert warmup() == 1
     (package / "warps.py").write_text("def warps_for(block):\n    return 8\n")
     assert warmup() == 1
+    env["TILES_BLOCK"] = "1024"
+    assert (warmup(), warmup()) == (1, 0)
+    del env["TILES_BLOCK"]
+    assert warmup() == 0  # the plan of the table's block, stored before, is good again
     tritonwarm("check", spec, "--target", "sm90", "--cache-dir", cache, env=env)
 
 
