@@ -106,7 +106,7 @@ def cmd_warmup(args) -> int:
     for target, result in zip(targets, results, strict=True):
         the_plan = plans[target.name]
         problems += the_plan.errors + the_plan.collapse_errors + result.failures
-        problems += _store_pinned_winners(specs, target, cache_dir)
+        problems += [p for p in _store_pinned_winners(specs, target, cache_dir) if p not in problems]
         if result.manifest_set_aside:
             print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
                   "from the entries that verify", file=sys.stderr)

@@ -183,6 +183,7 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
             if not cap.keys_of(label):
                 result.unreachable.append(label)
     result.notes += autotune.notes
+    result.errors += autotune.errors
     result.variants = {v.cache_hash: v for v in cap.variants.values()}
     return result, cap
 
@@ -259,8 +260,17 @@ def environment_reads():
 
 
 def _call(spec: Spec, values: dict):
+    from .thirdparty.autotune import current_state, pin_error
+
     args, kwargs = spec.call_arguments(values)
+    state = current_state()
+    try:
+        state.pinned = spec.pinned_config(values)  # validated where an autotuner prunes (``autotune._fake_run``)
+    except Exception as e:
+        state.pinned = None
+        state.errors.append(pin_error(state.row, e))
     return spec.launcher(*args, **kwargs)
+
 
 
 def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str]:

@@ -130,6 +130,30 @@ def test_pinned_config_must_survive_pruning(tmp_path):
     assert len(report.errors) == 1 and "n_cols=1000" in report.errors[0] and "not among" in report.errors[0]
 
 
+@pytest.mark.slow
+def test_a_pin_that_names_no_config_is_told_by_the_plan_once_before_anything_is_compiled(tmp_path, capsys):
+    from tritonwarm.cli import main
+
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(open(SPEC).read().replace('config: "$0 if n_cols < 4096 else 2"', "config: 7"))
+    expected = "config index 7 out of range: the autotuner declares 4 configs"
+    the_plan = plan(load_specs([spec_file]), TARGETS["sm90"])
+    assert len(the_plan.errors) == 2 and all(expected in e for e in the_plan.errors)
+    assert "n_cols=1000" in the_plan.errors[0] and "n_cols=4096" in the_plan.errors[1]
+
+    args = [str(spec_file), "--target", "sm90", "--cache-dir", str(tmp_path / "cache")]
+    capsys.readouterr()
+    assert main(["check", *args]) == 1  # the cache is empty, and the spec's mistake comes first
+    assert capsys.readouterr().out.count(expected) == 2
+    assert main(["warmup", *args, "-j", "1"]) == 1
+    assert capsys.readouterr().err.count(expected) == 2  # the plan's lines, not repeated after pinning
+
+    spec_file.write_text(open(SPEC).read().replace('config: "$0 if n_cols < 4096 else 2"',
+                                                   'config: "$1 // (n_cols - 1000)"'))
+    [error] = plan(load_specs([spec_file]), TARGETS["sm90"]).errors  # the n_cols=1000 row's pin divides by 0
+    assert "n_cols=1000" in error and "config: ZeroDivisionError" in error
+
+
 def test_jitkernel_runs_an_autotuned_heuristics_kernel_in_the_interpreter():
     x = torch.randn(3, 1000)
     scale = torch.randn(3)

@@ -43,6 +43,7 @@ class AutotuneState:
     row: str | None = None
     notes: list[str] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)  # probe: calls without a stored winner
+    errors: list[str] = field(default_factory=list)  # pins that name no config that survives pruning
     stored: list[str] = field(default_factory=list)  # pin/tune: winners written
     calls: int = 0
 
@@ -103,6 +104,12 @@ def _fake_run(self: Autotuner, *args, **kwargs):
     result = None
     for config in configs:
         result = self.fn.run(*args, **kwargs, **config.all_kwargs())
+    if state.mode == "trace" and state.pinned is not None and len(configs) > 1:
+        try:  # a pin no config answers is the spec's error, told before anything is compiled
+            as_config(state.pinned, configs, where, self.configs)
+        except ValueError as e:
+            if str(e) not in state.errors:
+                state.errors.append(str(e))
     if state.mode == "probe" and len(configs) > 1:
         _probe(self, args, kwargs, state, where)
     elif state.mode == "pin" and len(configs) > 1:
@@ -199,11 +206,21 @@ def as_config(pinned, configs: list[Config], where: str, declared: list[Config] 
     return wanted
 
 
+def pin_error(row: str | None, error: Exception) -> str:
+    """A row's ``config:`` that cannot be evaluated, as planning and pinning both say it."""
+    return f"{row}: config: {type(error).__name__}: {error}"
+
+
 def _pin(self: Autotuner, args, kwargs, configs: list[Config], state: AutotuneState, where: str) -> None:
     """Store the pinned config as this call's winner, replacing any stored one, with Triton's own code."""
     if state.pinned is None:
         return
-    winner = as_config(state.pinned, configs, where, self.configs)
+    try:
+        winner = as_config(state.pinned, configs, where, self.configs)
+    except ValueError as e:  # said in the words planning used
+        if str(e) not in state.errors:
+            state.errors.append(str(e))
+        return
     if winner.pre_hook is not None or any(c.pre_hook for c in configs):
         raise ValueError(f"{where}: a config has a pre_hook: Triton never stores winners for it, "
                          "so it cannot be pinned")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from .autotune import AutotuneState, _in_real_tune, autotune_mode
+from .autotune import AutotuneState, _in_real_tune, autotune_mode, pin_error
 
 
 @dataclass
@@ -36,7 +36,7 @@ def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
             try:
                 pinned = spec.pinned_config(row.values)
             except Exception as e:
-                report.errors.append(f"{row.label}: config: {type(e).__name__}: {e}")
+                report.errors.append(pin_error(row.label, e))
                 continue
             if mode == "pin" and pinned is None:
                 continue
@@ -55,10 +55,11 @@ def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
                 continue
             report.stored += state.stored
             report.unknown += state.unknown
+            report.errors += state.errors
             report.notes += [n for n in state.notes if n not in report.notes]
             if mode == "pin" and not state.calls:
                 report.notes.append(f"{row.label}: config pinned, but the row reaches no autotuner")
-            elif mode == "pin" and not state.stored:
+            elif mode == "pin" and not state.stored and not state.errors:
                 report.notes.append(f"{row.label}: config pinned, but every call has a single config left: "
                                     "nothing to store")
 
