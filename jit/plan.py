@@ -69,8 +69,9 @@ def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
     """Trace every row of every spec that applies to ``target``; nothing is compiled.
 
     With ``cache_dir``, a spec whose inputs did not change (its file, tritonwarm's code, its
-    launcher's package, the source of every kernel it traced, Triton's version and cache-invalidating
-    environment, the target) is not traced again: its plan is read back from the plan store. With
+    launcher's package, the source of every kernel it traced, the environment variables its trace
+    read, Triton's version and cache-invalidating environment, the target) is not traced again: its
+    plan is read back from the plan store. With
     ``pool`` (``jit.pool.worker_pool``), the specs are traced in its worker processes.
     """
     return plan_targets(specs, [target], verify_collapse=verify_collapse, cache_dir=cache_dir, pool=pool)[target.name]
@@ -131,7 +132,8 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     if any(_source_key(name) != source_key for name, source_key in kernels.items()):
         return None  # a kernel (or a @triton.jit function it calls) was edited
     read = data.get("environment_read") if isinstance(data, dict) else None
-    if not isinstance(read, dict) or any(os.environ.get(name) != value for name, value in read.items()):
+    if not isinstance(read, dict) or any(not isinstance(name, str) or os.environ.get(name) != value
+                                         for name, value in read.items()):
         return None  # a variable its launchers read has another value (or a plan stored before they were recorded)
     try:
         return Plan.from_json(target, data)
@@ -223,7 +225,8 @@ def _trace_spec(spec: Spec, target: Target, verify_collapse: bool) -> Plan:
 
 _readers: list[dict[str, str | None]] = []
 _readers_lock = threading.Lock()
-_environ_getitem = type(os.environ).__getitem__
+_ENVIRON = type(os.environ)  # os._Environ: os.environ[...], .get, os.getenv and `in` all read through it
+_environ_getitem = _ENVIRON.__getitem__
 
 
 def _recorded_getitem(environ, name):
@@ -249,14 +252,14 @@ def environment_reads():
     read: dict[str, str | None] = {}
     with _readers_lock:
         _readers.append(read)
-        type(os.environ).__getitem__ = _recorded_getitem
+        _ENVIRON.__getitem__ = _recorded_getitem
     try:
         yield read
     finally:
         with _readers_lock:
-            _readers.remove(read)
+            _readers[:] = [other for other in _readers if other is not read]  # by identity: {} == {}
             if not _readers:
-                type(os.environ).__getitem__ = _environ_getitem
+                _ENVIRON.__getitem__ = _environ_getitem
 
 
 def _call(spec: Spec, values: dict):

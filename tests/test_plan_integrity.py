@@ -210,3 +210,18 @@ def test_prune_unplanned_keeps_what_a_bundle_installed(custom_kernel, tmp_path, 
 
     kept = json.loads(tritonwarm("prune", "--unplanned", "--cache-dir", served, "--json", env=env).stdout)
     assert kept["removed"] == [] and set(Manifest(served, "sm90").read()) == set(the_plan.variants)
+
+
+def test_environment_reads_are_recorded_per_block_and_the_environment_is_restored(monkeypatch):
+    from tritonwarm.jit.plan import environment_reads
+
+    monkeypatch.setenv("TW_TEST_SET", "1")
+    before = type(os.environ).__getitem__
+    with environment_reads() as outer:
+        with environment_reads() as inner:
+            os.environ.get("TW_TEST_UNSET")
+        assert os.getenv("TW_TEST_SET") == "1" and "TW_TEST_OTHER" not in os.environ
+    os.environ.get("TW_TEST_AFTER")
+    assert inner == {"TW_TEST_UNSET": None}
+    assert outer == {"TW_TEST_UNSET": None, "TW_TEST_SET": "1", "TW_TEST_OTHER": None}
+    assert type(os.environ).__getitem__ is before
