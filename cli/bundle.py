@@ -141,12 +141,15 @@ def cmd_install(args) -> int:
     from ..jit.cache import resolve_cache_dir
     from ..jit.cache.bundle import install, point_groups, serve_from
     from ..jit.cache.env import cache_manager_problem
+    from ..jit.cache.overlay import OVERLAY_ENV, overlay_in_force
 
     cache_dir = resolve_cache_dir(args.cache_dir)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
     report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
+    overlay = overlay_in_force()  # ... or writes what it builds into another folder
+    manager = manager or (overlay and (False, f"{OVERLAY_ENV}={overlay} is set (Triton builds into it)"))
     for line in report.differences + ([f"{manager[1]}: no C launchers built"] if manager else []):
         print(f"tritonwarm: warning: {line}", file=sys.stderr)
     launchers = {}

@@ -126,8 +126,10 @@ def note_where_triton_reads(cache_dir) -> None:
     """Print a note when Triton in this environment reads another folder than ``cache_dir`` (its
     ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there. Also
     when ``cache_dir`` is Triton's default: ``torch.compile`` sets ``TRITON_CACHE_DIR`` when it is unset.
-    Nothing when keyed for another environment (``--for``): this machine is not the server."""
+    And when a kernel the cache lacks would fail here rather than compile (a read-only cache, no
+    overlay). Nothing when keyed for another environment (``--for``): this machine is not the server."""
     from ..jit.cache.env import keyed_for_another
+    from ..jit.cache.overlay import misses_fail_here
     from ..jit.compile import triton_reads_instead
 
     if keyed_for_another():
@@ -138,6 +140,9 @@ def note_where_triton_reads(cache_dir) -> None:
     elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
         print("  note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
               f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={cache_dir}")
+    fails = misses_fail_here(cache_dir)
+    if fails:
+        print(f"  note: {fails}")
 
 
 def short_kernel(kernel: str) -> str:

@@ -22,6 +22,7 @@ def add_parsers(sub) -> None:
 
 def cmd_tune(args) -> int:
     from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
+    from ..jit.cache.overlay import refuse_if_overlaid
     from ..jit.targets import local_target
     from ..jit.thirdparty.winners import pin_winners, tune_winners
 
@@ -31,6 +32,7 @@ def cmd_tune(args) -> int:
                          "(sm90, gfx942, ...) to store the configs the specs pin instead")
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
+    refuse_if_overlaid(cache_dir)  # winners are written through Triton's cache manager
     if measure:  # measuring compiles into the folder
         refuse_if_served_elsewhere(cache_dir)
     reports = [(tune_winners if measure else pin_winners)(specs, target, cache_dir) for target in targets]

@@ -67,6 +67,7 @@ def cmd_warmup(args) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.cache.env import cache_manager_problem
+    from ..jit.cache.overlay import refuse_if_overlaid
     from ..jit.pool import worker_pool
     from ..jit.warmup import warm
 
@@ -74,6 +75,7 @@ def cmd_warmup(args) -> int:
     specs, targets, cache_dir = prepare(args)
     check_cache_dir(cache_dir, for_writing=True)
     refuse_if_served_elsewhere(cache_dir)  # before planning, which can take a while
+    refuse_if_overlaid(cache_dir)
     manager = cache_manager_problem()
     if manager:  # Triton would write every entry through it, or fail at the first one
         raise UsageError(f"{manager[1]}: the warm-up fills {cache_dir}: unset it for the warm-up")

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache.overlay import overlay_in_force
+
 LAUNCHER = "__triton_launcher"
 _THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine
 _WHERE_KEYED = {  # the fix's tail for what is keyed by where this machine's driver library is
@@ -441,7 +443,7 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
     fix = why_not_buildable(target.backend) or "run warmup again (with a C compiler and this Python's headers)"
     if target.backend == "hip" or any(label.endswith(_THIS_MACHINE) for label in missing):
         fix += _WHERE_KEYED[target.backend]
-    if not os.access(cache_dir, os.W_OK):  # Triton creates each module's folder before it builds: an OSError
+    if not os.access(cache_dir, os.W_OK) and overlay_in_force() is None:  # Triton makes the folder first: OSError
         fix = (f"this process cannot write to the cache (read-only, or another owner's): Triton's first launch "
                f"would fail writing them into it: {fix}, before it is mounted read-only")
     return missing, fix

@@ -25,6 +25,7 @@ from triton import knobs
 
 from .cache import UnreadableEntry, entry_files
 from .cache.env import cache_bypassed
+from .cache.overlay import misses_fail_here, overlay_in_force
 from .cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from .compile import triton_reads_instead
 from .dispatch_record import write_record
@@ -83,6 +84,7 @@ class DispatchMonitor:
         self.c_builds: list[str] = []  # names of the C modules Triton built at serving time
         self._warmed: dict[str, WarmedNeighbours] = {}
         self._fleet: bool | None = None  # whether Triton reads through the shared cache (asked once)
+        self._overlay = overlay_in_force()  # what serving compiled into the overlay, Triton reads there too
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ recording
@@ -103,10 +105,7 @@ class DispatchMonitor:
         with self._lock:
             dispatch = self.dispatches.get(variant.cache_hash)
             if dispatch is None:
-                try:
-                    hit = entry_files(self.cache_dir, variant.entry_dir, variant.entry_name) is not None
-                except UnreadableEntry:
-                    hit = False  # Triton cannot read it either: it would compile
+                hit = any(self._holds(folder, variant) for folder in (self.cache_dir, self._overlay) if folder)
                 if not hit and self._reads_fleet():  # Triton's next lookup fetches it: so do we, first
                     hit = fetch_from_fleet(self.cache_dir, variant.entry_dir, variant.entry_name)
                 dispatch = LaunchedVariant(variant.kernel, variant.target, variant.variant_id, variant.cache_hash, hit,
@@ -121,14 +120,23 @@ class DispatchMonitor:
                 self.launches[variant.kernel] += 1
             return dispatch
 
+    @staticmethod
+    def _holds(folder: Path, variant: Variant) -> bool:
+        try:
+            return entry_files(folder, variant.entry_dir, variant.entry_name) is not None
+        except UnreadableEntry:
+            return False  # Triton cannot read it either: it would compile
+
     def _on_miss(self, dispatch: LaunchedVariant) -> None:
         if self.policy == "off":
             return
         reason = self._neighbours(dispatch.target).why(dispatch.to_json())
         dispatch.why = reason.line if reason else None
+        fails = misses_fail_here(self.cache_dir)  # read-only: the launch fails instead of compiling
         message = (f"{dispatch.kernel} would compile at serving time on {dispatch.target}: variant "
                    f"{dispatch.variant} ({', '.join(f'{k}:{v}' for k, v in dispatch.args.items())}) "
-                   f"is not in {self.cache_dir}" + (f": {dispatch.why}" if dispatch.why else ""))
+                   f"is not in {self.cache_dir}" + (f": {dispatch.why}" if dispatch.why else "")
+                   + (f"; and {fails}" if fails else ""))
         if self.policy == "error":
             raise JitPolicyError(message)
         if self.policy == "warn":

@@ -39,6 +39,7 @@ from .cache import (
 )
 from .cache.env import current_fingerprint, fingerprint_id
 from .cache.layout import UnreadableEntry
+from .cache.overlay import refuse_if_overlaid
 from .cache.sources import PlanSources
 from .compile import compile_variant
 from .plan import Plan
@@ -75,6 +76,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     start = time.perf_counter()
     ensure_writable(cache_dir)
     refuse_if_served_elsewhere(cache_dir)
+    refuse_if_overlaid(cache_dir)
     remove_stale_temporaries(cache_dir)  # what a previous run that hit a full disk left behind
     result = WarmResult(target.name, str(cache_dir), planned=len(the_plan.variants))
     manifest = Manifest(cache_dir, target.name)

@@ -97,10 +97,10 @@ def rms_norm_runtime():
     from tritonwarm.jit.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
-    def run(target, cache_dir, rows, fused):
-        x = fake_tensor((rows, 4096), torch.bfloat16)
-        launch = rms_norm_launch(x, fake_tensor((4096,), torch.bfloat16), fake_tensor((rows, 4096), torch.bfloat16),
-                                 1e-6, fake_tensor((rows, 4096), torch.bfloat16) if fused else None)
+    def run(target, cache_dir, rows, fused, dtype=torch.bfloat16):
+        x = fake_tensor((rows, 4096), dtype)
+        launch = rms_norm_launch(x, fake_tensor((4096,), dtype), fake_tensor((rows, 4096), dtype),
+                                 1e-6, fake_tensor((rows, 4096), dtype) if fused else None)
         assert knobs.runtime.jit_cache_hook is None
         with target_driver(target) as fake, triton_cache_dir(cache_dir):
             try:

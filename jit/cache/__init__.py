@@ -4,6 +4,8 @@
 - ``manifest``: what was warmed, per target;
 - ``env``: the environment entries depend on;
 - ``plans``: the plan store;
+- ``remote`` / ``overlay``: cache managers a server names in ``TRITON_CACHE_MANAGER`` (a fleet's
+  Redis; a read-only warmed folder with a writable overlay);
 - ``prune``: disk use and removal.
 """
 

@@ -193,6 +193,20 @@ def entry_files(cache_dir: Path, entry_dir: str, kernel_name: str,
     return children
 
 
+def complete_group(entry_folder: str, filename: str) -> dict[str, str] | None:
+    """A cache manager's view of one entry's group (``__grp__<filename>``): its files when every one
+    exists, else None (Triton 3.6 would hand over a partial group). Nothing raises: inside Triton's
+    lookup any failure is a miss, and Triton compiles."""
+    try:
+        with open(os.path.join(entry_folder, "__grp__" + filename)) as f:
+            children = json.load(f)["child_paths"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(children, dict) or not all(isinstance(p, str) and os.path.exists(p) for p in children.values()):
+        return None
+    return children
+
+
 def _as_mounted(children: dict, served: Path, here: Path) -> dict[str, str] | None:
     """A group's paths under ``served`` (the entry as the server mounts it) as paths ``here``; None
     when one names another folder, which that server would not find."""

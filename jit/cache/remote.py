@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
 
-from .layout import CacheError, entry_files, file_sha256
+from .layout import CacheError, complete_group, entry_files, file_sha256
 
 URL_ENV = "TRITONWARM_REDIS_URL"
 TIMEOUT_ENV = "TRITONWARM_REDIS_TIMEOUT"
@@ -265,18 +265,6 @@ def fleet_cache() -> _FleetCache | None:
     return found
 
 
-def _local_group(cache_dir: str, filename: str) -> dict[str, str] | None:
-    """A complete local group, or None: every child must exist (Triton 3.6 would hand over a partial one)."""
-    try:
-        with open(os.path.join(cache_dir, GROUP_PREFIX + filename)) as f:
-            children = json.load(f)["child_paths"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(children, dict) or not all(isinstance(p, str) and os.path.exists(p) for p in children.values()):
-        return None
-    return children
-
-
 class RedisCacheManager(FileCacheManager):
     """Local disk first, then Redis (verified, written through to disk); what this process compiles is pushed."""
 
@@ -293,7 +281,7 @@ class RedisCacheManager(FileCacheManager):
         return super().put(found[filename], filename) if found else None
 
     def get_group(self, filename):
-        local = _local_group(self.cache_dir, filename)
+        local = complete_group(self.cache_dir, filename)
         if local is not None or self._remote is None:
             return local
         files = self._remote.call(lambda store: store.read_entry(self._entry, GROUP_PREFIX + filename))

@@ -1,0 +1,105 @@
+"""A warmed cache mounted read-only, with a writable folder for whatever serving compiles.
+
+Triton writes every kernel it compiles into ``TRITON_CACHE_DIR``, and it creates an entry's folder
+before it even looks inside it: on a read-only mount (a read-only root file system, a volume a fleet
+shares) the first launch of any kernel the warmed cache lacks fails with ``OSError: [Errno 30]``
+instead of compiling. That is every kernel ``torch.compile`` generates, another package's kernels,
+a class no spec warmed. Two environment variables keep the mount read-only and let those compile::
+
+    TRITON_CACHE_MANAGER=tritonwarm.jit.cache.overlay:OverlayCacheManager
+    TRITONWARM_OVERLAY_DIR=/tmp/triton-overlay
+
+``OverlayCacheManager`` is Triton's ``FileCacheManager`` reading the warmed folder first (an entry
+whose group is complete there, a file that is there) and the overlay next; everything it writes goes
+to the overlay, never to the warmed folder. Without ``TRITONWARM_OVERLAY_DIR`` it is Triton's own
+manager, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from triton import knobs
+from triton.runtime.cache import FileCacheManager
+
+from .layout import CacheError, complete_group
+
+OVERLAY_ENV = "TRITONWARM_OVERLAY_DIR"
+
+
+class OverlayCacheManager(FileCacheManager):
+    """The warmed folder (``TRITON_CACHE_DIR``) read first; writes to ``TRITONWARM_OVERLAY_DIR``."""
+
+    def __init__(self, key, override=False, dump=False):
+        overlay = os.environ.get(OVERLAY_ENV)
+        self.warmed_dir = None
+        if override or dump or not overlay or not knobs.cache.dir:
+            super().__init__(key, override=override, dump=dump)
+            return
+        self.key = key
+        self.warmed_dir = os.path.join(knobs.cache.dir, key)
+        self.cache_dir = os.path.join(os.path.abspath(overlay), key)  # Triton's name for where it writes
+        self.lock_path = os.path.join(self.cache_dir, "lock")
+
+    def get_file(self, filename):
+        if self.warmed_dir is not None and os.path.exists(os.path.join(self.warmed_dir, filename)):
+            return os.path.join(self.warmed_dir, filename)
+        return super().get_file(filename)
+
+    def get_group(self, filename):
+        if self.warmed_dir is not None:
+            warmed = complete_group(self.warmed_dir, filename)
+            if warmed is not None:
+                return warmed
+        return super().get_group(filename)
+
+    def put(self, data, filename, binary=True):
+        os.makedirs(self.cache_dir, exist_ok=True)  # the overlay's folder, made when it is first written
+        return super().put(data, filename, binary=binary)
+
+
+def overlay_in_force() -> Path | None:
+    """Where Triton in this process writes what it compiles, when that is not the cache folder: the
+    overlay, under ``OverlayCacheManager`` with ``TRITONWARM_OVERLAY_DIR`` set; else None."""
+    overlay = os.environ.get(OVERLAY_ENV)
+    try:
+        manager = knobs.cache.manager_class
+    except Exception:  # a TRITON_CACHE_MANAGER that does not import: reported as such elsewhere
+        return None
+    if overlay and isinstance(manager, type) and issubclass(manager, OverlayCacheManager):
+        return Path(overlay).absolute()
+    return None
+
+
+def refuse_if_overlaid(cache_dir: Path) -> None:
+    """Filling ``cache_dir`` (a warm-up, C launchers, tuned winners) under the overlay would write into
+    the overlay instead, and the cache would lack it all."""
+    overlay = overlay_in_force()
+    if overlay is not None:
+        raise CacheError(f"{OVERLAY_ENV}={overlay} is set with the overlay cache manager: Triton would write what "
+                         f"this compiles there, not into {cache_dir}: unset {OVERLAY_ENV} for this command")
+
+
+def misses_fail_here(cache_dir: Path) -> str | None:
+    """Why a kernel the cache lacks would fail its first launch here instead of compiling (Triton
+    writes into the folder it reads, and this process cannot write to it), or None."""
+    if not Path(cache_dir).is_dir() or os.access(cache_dir, os.W_OK):
+        return None
+    overlay = overlay_in_force()
+    if overlay is not None:
+        if _writable(overlay):
+            return None
+        return (f"{OVERLAY_ENV}={overlay} cannot be written either: Triton's first launch of a kernel the cache lacks "
+                "fails (OSError): point it at a writable folder")
+    return (f"this process cannot write to {cache_dir} (read-only, or another owner's): Triton's first launch of a "
+            "kernel it lacks fails (OSError) instead of compiling: a class no spec warmed, a kernel of torch.compile "
+            "or of another package: serve with TRITON_CACHE_MANAGER=tritonwarm.jit.cache.overlay:OverlayCacheManager "
+            f"and {OVERLAY_ENV}=<a writable folder>")
+
+
+def _writable(folder: Path) -> bool:
+    """Whether this process can create files in ``folder``, or create it (its nearest existing parent)."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK)
