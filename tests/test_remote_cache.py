@@ -257,6 +257,25 @@ def test_runtime_reads_through_redis_and_compiles_nothing(warmed, redis_server, 
 
 
 @pytest.mark.slow
+def test_a_fleet_server_whose_local_cache_is_read_only_fetches_into_the_overlay(
+        warmed, redis_server, tmp_path, monkeypatch, compile_counter, rms_norm_runtime, read_only_mount):
+    _push(redis_server, warmed)
+    _uses_redis(monkeypatch, redis_server.url)
+    image_cache = tmp_path / "image-cache"  # baked into an image served with a read-only root file system
+    image_cache.mkdir()
+    overlay = tmp_path / "overlay"
+    monkeypatch.setenv("TRITONWARM_OVERLAY_DIR", str(overlay))
+    with read_only_mount(image_cache, tmp_path / "ro") as local:
+        for fused in (False, True):
+            rms_norm_runtime(TARGETS["sm90"], local, 8, fused)
+        assert compile_counter.count == 0
+        assert len(list(overlay.glob("*/*.cubin"))) == 2 and not any(local.iterdir())
+        redis_server.client().flushall()  # later lookups are local: the overlay
+        rms_norm_runtime(TARGETS["sm90"], local, 8, False)
+        assert compile_counter.count == 0
+
+
+@pytest.mark.slow
 def test_later_lookups_are_local(warmed, redis_server, tmp_path, monkeypatch, compile_counter, rms_norm_runtime):
     _push(redis_server, warmed)
     _uses_redis(monkeypatch, redis_server.url)

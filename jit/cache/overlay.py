@@ -48,11 +48,18 @@ class OverlayCacheManager(FileCacheManager):
         return super().get_file(filename)
 
     def get_group(self, filename):
-        if self.warmed_dir is not None:
-            warmed = complete_group(self.warmed_dir, filename)
-            if warmed is not None:
-                return warmed
-        return super().get_group(filename)
+        if self.warmed_dir is None:
+            return super().get_group(filename)
+        return self.local_group(filename)
+
+    def local_group(self, filename: str) -> dict[str, str] | None:
+        """A complete group from the warmed folder, else from where this manager writes; None when
+        neither has one (Triton 3.6's own lookup would hand over a partial group)."""
+        for folder in (self.warmed_dir, self.cache_dir):
+            group = complete_group(folder, filename) if folder else None
+            if group is not None:
+                return group
+        return None
 
     def put(self, data, filename, binary=True):
         os.makedirs(self.cache_dir, exist_ok=True)  # the overlay's folder, made when it is first written

@@ -45,9 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
+from triton.runtime.cache import RemoteCacheBackend
 
-from .layout import CacheError, complete_group, entry_files, file_sha256
+from .layout import CacheError, entry_files, file_sha256
+from .overlay import OverlayCacheManager
 
 URL_ENV = "TRITONWARM_REDIS_URL"
 TIMEOUT_ENV = "TRITONWARM_REDIS_TIMEOUT"
@@ -265,8 +266,10 @@ def fleet_cache() -> _FleetCache | None:
     return found
 
 
-class RedisCacheManager(FileCacheManager):
-    """Local disk first, then Redis (verified, written through to disk); what this process compiles is pushed."""
+class RedisCacheManager(OverlayCacheManager):
+    """Local disk first, then Redis (verified, written through to disk); what this process compiles is pushed.
+    Local disk is the cache folder, read-only with ``TRITONWARM_OVERLAY_DIR`` set (see ``overlay.py``):
+    fetched and compiled entries are then written to the overlay."""
 
     def __init__(self, key, override=False, dump=False):
         super().__init__(key, override=override, dump=dump)
@@ -281,7 +284,7 @@ class RedisCacheManager(FileCacheManager):
         return super().put(found[filename], filename) if found else None
 
     def get_group(self, filename):
-        local = complete_group(self.cache_dir, filename)
+        local = self.local_group(filename)
         if local is not None or self._remote is None:
             return local
         files = self._remote.call(lambda store: store.read_entry(self._entry, GROUP_PREFIX + filename))
