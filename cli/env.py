@@ -92,8 +92,24 @@ def cmd_env(args) -> int:
         from ..jit.cache.env import cache_bypassed
 
         bypassed = cache_bypassed()
-        print("\n".join(format_env(fp) + [gpu_line()] + ([f"WARNING      {bypassed}"] if bypassed else [])))
+        print("\n".join(format_env(fp) + [gpu_line(), *cache_lines()]
+                        + ([f"WARNING      {bypassed}"] if bypassed else [])))
     return 0
+
+
+def cache_lines() -> list[str]:
+    """Where Triton in this process reads its cache and writes what it compiles, and a warning when
+    a kernel the cache lacks would fail there instead of compiling (a read-only folder)."""
+    from triton import knobs
+
+    from ..jit.cache.overlay import OVERLAY_ENV, misses_fail_here, overlay_in_force
+
+    read = Path(knobs.cache.dir).expanduser().absolute()
+    why = "TRITON_CACHE_DIR" if os.environ.get("TRITON_CACHE_DIR") else "its default: TRITON_CACHE_DIR is unset"
+    overlay = overlay_in_force()
+    writes = f"writes what it compiles to {overlay} ({OVERLAY_ENV})" if overlay else "writes what it compiles there"
+    fails = misses_fail_here(read)
+    return [f"cache        Triton reads {read} ({why}) and {writes}"] + ([f"WARNING      {fails}"] if fails else [])
 
 
 def gpu_line() -> str:

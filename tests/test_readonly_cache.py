@@ -105,6 +105,13 @@ def test_check_warns_that_misses_fail_on_a_read_only_cache_and_commands_that_fil
                             capture_output=True, text=True, timeout=600, env=overlaid)
     assert served.returncode == 0 and "cannot write" not in served.stdout, served.stdout + served.stderr
 
+    described = subprocess.run(cmd + ["env"], capture_output=True, text=True, timeout=600, env=env).stdout
+    assert f"cache        Triton reads {cache} (TRITON_CACHE_DIR) and writes what it compiles there" in described
+    assert f"WARNING      this process cannot write to {cache}" in described
+    described = subprocess.run(cmd + ["env"], capture_output=True, text=True, timeout=600, env=overlaid).stdout
+    assert f"and writes what it compiles to {tmp_path / 'ov'} (TRITONWARM_OVERLAY_DIR)" in described
+    assert "WARNING      this process cannot write" not in described
+
     writable = tmp_path / "writable"
     for command in (["warmup", str(spec)], ["tune", str(spec)]):
         refused = subprocess.run(cmd + command + ["--target", "sm90", "--cache-dir", str(writable)],
