@@ -1,6 +1,7 @@
 """The cache shared by a fleet: a real ``redis-server`` on the loopback, Triton's own runtime reading
 through it, concurrent pushers, a server that goes away, damaged values and bad URLs."""
 
+import errno
 import json
 import logging
 import os
@@ -273,6 +274,23 @@ def test_a_fleet_server_whose_local_cache_is_read_only_fetches_into_the_overlay(
         redis_server.client().flushall()  # later lookups are local: the overlay
         rms_norm_runtime(TARGETS["sm90"], local, 8, False)
         assert compile_counter.count == 0
+
+
+@pytest.mark.slow
+def test_tritons_remote_manager_fails_every_lookup_on_a_read_only_local_cache_and_check_says_so(
+        warmed, redis_server, tmp_path, monkeypatch, rms_norm_runtime, read_only_mount):
+    from tritonwarm.jit.cache.overlay import misses_fail_here
+
+    _push(redis_server, warmed)
+    _uses_redis(monkeypatch, redis_server.url, "triton.runtime.cache:RemoteCacheManager",
+                "tritonwarm.jit.cache.remote:RedisBackend")
+    with read_only_mount(warmed[1], tmp_path / "ro") as local:  # every entry is there, and in Redis
+        with pytest.raises(OSError) as failed:  # it writes what Redis returns into the folder, hit or not
+            rms_norm_runtime(TARGETS["sm90"], local, 8, False)
+        assert failed.value.errno == errno.EROFS
+        assert "Triton's RemoteCacheManager writes every entry it reads into this folder" in misses_fail_here(local)
+        monkeypatch.setenv("TRITONWARM_OVERLAY_DIR", str(tmp_path / "overlay"))  # no help: it is not ours
+        assert "every lookup fails" in misses_fail_here(local)
 
 
 @pytest.mark.slow

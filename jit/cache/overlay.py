@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from triton import knobs
-from triton.runtime.cache import FileCacheManager
+from triton.runtime.cache import FileCacheManager, RemoteCacheManager
 
 from .layout import CacheError, complete_group
 
@@ -70,13 +70,7 @@ def overlay_in_force() -> Path | None:
     """Where Triton in this process writes what it compiles, when that is not the cache folder: the
     overlay, under ``OverlayCacheManager`` with ``TRITONWARM_OVERLAY_DIR`` set; else None."""
     overlay = os.environ.get(OVERLAY_ENV)
-    try:
-        manager = knobs.cache.manager_class
-    except Exception:  # a TRITON_CACHE_MANAGER that does not import: reported as such elsewhere
-        return None
-    if overlay and isinstance(manager, type) and issubclass(manager, OverlayCacheManager):
-        return Path(overlay).absolute()
-    return None
+    return Path(overlay).absolute() if overlay and _manager_is(OverlayCacheManager) else None
 
 
 def refuse_if_overlaid(cache_dir: Path) -> None:
@@ -93,6 +87,10 @@ def misses_fail_here(cache_dir: Path) -> str | None:
     writes into the folder it reads, and this process cannot write to it), or None."""
     if not Path(cache_dir).is_dir() or os.access(cache_dir, os.W_OK):
         return None
+    if _manager_is(RemoteCacheManager):
+        return (f"this process cannot write to {cache_dir}, and Triton's RemoteCacheManager writes every entry it "
+                "reads into this folder: every lookup fails (OSError), hit or miss: serve with TRITON_CACHE_MANAGER="
+                f"tritonwarm.jit.cache.remote:RedisCacheManager and {OVERLAY_ENV}=<a writable folder>")
     overlay = overlay_in_force()
     if overlay is not None:
         if _writable(overlay):
@@ -103,6 +101,16 @@ def misses_fail_here(cache_dir: Path) -> str | None:
             "kernel it lacks fails (OSError) instead of compiling: a class no spec warmed, a kernel of torch.compile "
             "or of another package: serve with TRITON_CACHE_MANAGER=tritonwarm.jit.cache.overlay:OverlayCacheManager "
             f"and {OVERLAY_ENV}=<a writable folder>")
+
+
+def _manager_is(base: type) -> bool:
+    """Whether ``TRITON_CACHE_MANAGER`` names ``base`` or a subclass of it (one that does not import
+    names nothing: it is reported as such elsewhere)."""
+    try:
+        manager = knobs.cache.manager_class
+    except Exception:
+        return False
+    return isinstance(manager, type) and issubclass(manager, base)
 
 
 def _writable(folder: Path) -> bool:
