@@ -26,7 +26,7 @@ except ImportError:
 finally:
     sys.path[:] = _path
     sys.modules["sitecustomize"] = _this  # the import system looks itself up when this file ends
-from tritonwarm.jit.thirdparty.record import install_from_env
+from tritonwarm.jit.adopt.record import install_from_env
 
 install_from_env()
 '''
@@ -46,7 +46,7 @@ def add_parsers(sub) -> None:
 
 def cmd_record(args) -> int:
     from ..jit.targets import local_target
-    from ..jit.thirdparty.record import OUT_ENV, TARGET_ENV, read_record, write_plan
+    from ..jit.adopt.record import OUT_ENV, TARGET_ENV, read_record, write_plan
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

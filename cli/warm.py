@@ -138,7 +138,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
     """Rows that pin an autotune config (``config:``) get it stored as Triton's winner with the binaries."""
     if not any(spec.config is not None for spec in specs):
         return []
-    from ..jit.thirdparty.winners import pin_winners
+    from ..jit.adopt.winners import pin_winners
 
     return pin_winners(specs, target, cache_dir).errors
 
@@ -158,7 +158,7 @@ def cmd_check(args) -> int:
         return _check_trace(args)
     if args.remote:
         return _check_remote(args)
-    from ..jit.thirdparty.winners import probe_winners
+    from ..jit.adopt.winners import probe_winners
 
     specs, targets, cache_dir = prepare(args)
     note = check_cache_dir(cache_dir, for_writing=False)

@@ -106,7 +106,7 @@ def triton_reads_instead(cache_dir) -> Path | None:
 
 def find_kernel(variant: Variant) -> JitKernel:
     if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
-        from .thirdparty.foreign import find_jit_function, kernel_for
+        from .adopt.foreign import find_jit_function, kernel_for
 
         return kernel_for(find_jit_function(variant.jit_function))
     kernel = JitKernel.lookup(variant.kernel)

@@ -32,7 +32,7 @@ from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .miss import WarmedNeighbours
 from .targets import Target, target_from_gpu_target
-from .thirdparty.foreign import kernel_for
+from .adopt.foreign import kernel_for
 from .trace import Capture, Variant, _hook_lock
 
 log = logging.getLogger("tritonwarm")

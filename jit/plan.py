@@ -154,7 +154,7 @@ def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
 
 def _source_key(kernel_name: str) -> str | None:
     if ":" in kernel_name:
-        from .thirdparty.foreign import find_jit_function
+        from .adopt.foreign import find_jit_function
 
         try:
             return find_jit_function(kernel_name).cache_key
@@ -263,7 +263,7 @@ def environment_reads():
 
 
 def _call(spec: Spec, values: dict):
-    from .thirdparty.autotune import current_state, pin_error
+    from .adopt.autotune import current_state, pin_error
 
     args, kwargs = spec.call_arguments(values)
     state = current_state()

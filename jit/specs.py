@@ -630,8 +630,15 @@ def _parse_dtype(value, path, names, loc):
         raise loc.error(path, f"unknown dtype {value!r} (a torch dtype name, e.g. bfloat16)") from None
 
 
+# Plans recorded before the adoption package had its present name still replay.
+_RENAMED_MODULES = {"tritonwarm.jit.thirdparty.": "tritonwarm.jit.adopt."}
+
+
 def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
     module_name, _, attr = kernel_path.partition(":")
+    for old, new in _RENAMED_MODULES.items():
+        if module_name.startswith(old):
+            module_name = new + module_name[len(old):]
     if not module_name or not attr:
         raise loc.error((where,), f"{kernel_path!r} is not 'module:attribute'")
     try:

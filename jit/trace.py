@@ -23,7 +23,7 @@ from triton.runtime.jit import JITFunction
 
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
-from .thirdparty.foreign import ForeignKernel, kernel_for
+from .adopt.foreign import ForeignKernel, kernel_for
 
 
 @dataclass
@@ -171,7 +171,7 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
     """Fake launches into ``cap`` for ``target``: JitKernels always; with ``all_kernels`` every
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
     packages' kernels), through Triton's own hook, with device questions answered for the target."""
-    from .thirdparty.autotune import AutotuneState, autotune_mode
+    from .adopt.autotune import AutotuneState, autotune_mode
 
     state = autotune if autotune is not None else AutotuneState()
     with contextlib.ExitStack() as stack:

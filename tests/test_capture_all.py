@@ -13,7 +13,7 @@ from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import SpecError, load_specs
 from tritonwarm.jit.targets import target_device_answers, target_driver
-from tritonwarm.jit.thirdparty.winners import probe_winners
+from tritonwarm.jit.adopt.winners import probe_winners
 from tritonwarm.jit.trace import trace_call
 from tritonwarm.jit.warmup import warm
 
@@ -71,7 +71,7 @@ def test_capture_all_warms_a_module_that_launches_itself_then_it_runs_with_zero_
     assert len(unknown) == 4 and all("bias_gelu_kernel" in u for u in unknown)
     spec_file = tmp_path / "pinned.yaml"
     spec_file.write_text(open(SPEC).read() + "config: 0\n")
-    from tritonwarm.jit.thirdparty.winners import pin_winners
+    from tritonwarm.jit.adopt.winners import pin_winners
 
     assert not pin_winners(load_specs([spec_file]), target, tmp_path).errors
 

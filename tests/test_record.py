@@ -12,7 +12,7 @@ from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_files
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.thirdparty.record import launch_row, replay
+from tritonwarm.jit.adopt.record import launch_row, replay
 from tritonwarm.jit.trace import capture
 from tritonwarm.jit.warmup import warm
 

@@ -28,6 +28,7 @@ FINGERPRINT_FORMAT = 1
 # While warming for another environment (``serving.serving_environment``), the fingerprint of that
 # environment: what ``current_fingerprint()`` answers, and what manifests record.
 _serving: dict | None = None
+_original_key_fn = None  # Triton's own triton_key while another environment's is installed (serving.py)
 
 
 def triton_version() -> str:
@@ -163,10 +164,12 @@ def local_triton_key() -> str:
     """This installation's own ``triton_key()``, even while another environment's key is installed."""
     from triton.runtime import cache as triton_cache
 
-    from . import serving
+    return _original_key_fn() if _original_key_fn is not None else triton_cache.triton_key()
 
-    original = serving.original_triton_key()
-    return original() if original is not None else triton_cache.triton_key()
+
+def original_triton_key():
+    """Triton's own ``triton_key`` while another environment's is installed, else None."""
+    return _original_key_fn
 
 
 def current_triton_key_sha256() -> str:

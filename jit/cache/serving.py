@@ -23,16 +23,11 @@ from pathlib import Path
 
 from . import env as env_module
 
-_original_key_fn = None  # Triton's own triton_key while another environment's is installed
 _ptxas_texts: tuple = ()  # (arch, --version text) of the serving ptxas builds hashed instead of this one's
 
 
 class ServingEnvironmentError(ValueError):
     """A fingerprint or wheel this Triton cannot warm for (one line, exit 2)."""
-
-
-def original_triton_key():
-    return _original_key_fn
 
 
 def ptxas_texts_in_force() -> tuple:
@@ -245,10 +240,9 @@ def _ptxas_version_of(texts: dict[int, str]):
 @contextlib.contextmanager
 def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint", warmed_from: str | None = None):
     """Inside the block this process keys (traces, compiles, plans, records) as ``fp``'s runtime will."""
-    global _original_key_fn
     from triton.runtime import cache as triton_cache
 
-    if _original_key_fn is not None:
+    if env_module.original_triton_key() is not None:
         raise RuntimeError("already warming for another environment")
     key = serving_key(fp, source)
     foreign_ptxas = check_backends(fp, targets, source)
@@ -257,7 +251,7 @@ def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint"
                                      "libtriton_sha256": local["triton"]["libtriton_sha256"]}}
     names = set(env_module.cache_env_names()) | set(fp.get("env", {}))
     saved_env = {name: os.environ.get(name) for name in names}
-    _original_key_fn = triton_cache.triton_key
+    env_module._original_key_fn = triton_cache.triton_key
     try:
         for name in names:
             if name in fp.get("env", {}):
@@ -270,8 +264,8 @@ def serving_environment(fp: dict, *, targets=(), source: str = "the fingerprint"
             yield recorded
     finally:
         env_module._serving = None
-        triton_cache.triton_key = _original_key_fn
-        _original_key_fn = None
+        triton_cache.triton_key = env_module._original_key_fn
+        env_module._original_key_fn = None
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -169,7 +169,7 @@ def write_plan(rows: list[dict], path: str | Path, command: list[str], target: s
     header = (f"# Recorded by `tritonwarm record` ({how}): {' '.join(command)}\n"
               f"# {len(unique)} distinct launches. Warm them for any target: tritonwarm warmup THIS_FILE --target T\n")
     spec = {
-        "launcher": "tritonwarm.jit.thirdparty.record:replay",
+        "launcher": "tritonwarm.jit.adopt.record:replay",
         "capture": "all",
         "description": f"launches recorded from: {' '.join(command)}",
         "groups": {"launch": {"kernel": [r["kernel"] for r in unique], "call": [r["call"] for r in unique]}},
