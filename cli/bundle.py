@@ -1,4 +1,5 @@
-"""``tritonwarm bundle create|verify|install|merge``: a warmed cache as one archive that installs anywhere."""
+"""``tritonwarm bundle create|verify|install|merge|sign|keygen``: a warmed cache as one archive (or OCI
+image) that installs anywhere, signed and verified in minisign's format."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .common import (
     prepare,
     serve_at_arg,
 )
+from .signing import add_oci_create_args, add_signing_parsers, add_trust_args, opened_bundle
 
 try:  # warming for another serving environment (--for / --for-wheel), where this tritonwarm has it
     from .env import add_for_args, keyed_for
@@ -62,6 +64,7 @@ def add_parsers(sub) -> None:
     c.add_argument("--binary-only", action="store_true",
                    help="carry only what the runtime loads (cubin/hsaco + metadata), not the IR")
     add_shard_args(c)
+    add_oci_create_args(c)
     if add_for_args is not None:  # the bundle holds what warmup --for / --for-wheel keyed for that runtime
         add_for_args(c)
     c.set_defaults(func=keyed_for(cmd_create) if keyed_for is not None else cmd_create)
@@ -69,6 +72,7 @@ def add_parsers(sub) -> None:
     v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime")
     v.add_argument("bundle", metavar="BUNDLE")
     v.add_argument("--json", action="store_true", help="machine-readable output")
+    add_trust_args(v)
     v.set_defaults(func=cmd_verify)
 
     i = bsub.add_parser("install", help="install into a cache folder (any path): groups rewritten for it, "
@@ -82,6 +86,7 @@ def add_parsers(sub) -> None:
                         "signature at first launch; install builds them for the entries it installed)")
     i.add_argument("--serve-at", metavar="PATH", help=SERVE_AT_HELP + ", written for PATH")
     add_cache_args(i)
+    add_trust_args(i)
     i.set_defaults(func=cmd_install)
 
     m = bsub.add_parser("merge", help="join bundles of shards (same environment and options) into one")
@@ -89,6 +94,7 @@ def add_parsers(sub) -> None:
     m.add_argument("bundles", nargs="+", metavar="BUNDLE")
     m.add_argument("--json", action="store_true", help="machine-readable output")
     m.set_defaults(func=cmd_merge)
+    add_signing_parsers(bsub)
 
     b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
 
@@ -119,7 +125,12 @@ def cmd_create(args) -> int:
         variants[target.name] = list(the_plan.variants.values())
     if problems:
         raise ValueError(f"the plan has errors (fix them, then warm and bundle again): {problems[0]}")
-    report = create(args.out, cache_dir, variants, binary_only=args.binary_only)
+    if args.oci:  # the same bundle, written as an OCI image layout
+        from .signing import create_oci
+
+        report = create_oci(args, cache_dir, variants, create)
+    else:
+        report = create(args.out, cache_dir, variants, binary_only=args.binary_only)
     _print(report, args, "bundle")
     return 0
 
@@ -127,8 +138,12 @@ def cmd_create(args) -> int:
 def cmd_verify(args) -> int:
     from ..jit.cache.bundle import verify
 
-    report = verify(args.bundle)
+    with opened_bundle(args) as source:
+        report = verify(source.path)
+    report.path = args.bundle
     _print(report, args, "verified")
+    if source.signed_by and not args.json:
+        print(f"  signature: good, by trusted key {source.signed_by}")
     if not args.json:
         for line in report.differences:
             print(f"  differs: {line}")
@@ -146,7 +161,9 @@ def cmd_install(args) -> int:
     cache_dir = resolve_cache_dir(args.cache_dir)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
-    report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)
+    with opened_bundle(args) as source:
+        report = install(source.path, cache_dir, durable=durable, serve_at=serve_at)
+    report.path = args.bundle
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
     overlay = overlay_in_force()  # ... or writes what it builds into another folder
     manager = manager or (overlay and (False, f"{OVERLAY_ENV}={overlay} is set (Triton builds into it)"))
@@ -165,6 +182,8 @@ def cmd_install(args) -> int:
     else:
         print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
               f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
+        if source.signed_by:
+            print(f"  signature: good, by trusted key {source.signed_by}")
         if serve_at:
             print(f"  note: its entries are read at {serve_at} only (not here): check them as that server reads them "
                   f"with `tritonwarm check --serve-at {serve_at}`")
