@@ -53,6 +53,7 @@ REF_NAME = "org.opencontainers.image.ref.name"
 DEFAULT_TAG = "latest"
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")  # a Triton entry folder or file name, no ".."
 _JSON_MAX = 4 << 20  # index.json, a manifest, a config
 _EXT_HEADER_MAX = 64 << 10  # a pax or GNU long-name header: a path, a size
 _LIMITS = Limits()
@@ -394,6 +395,8 @@ def layer_to_bundle(image: Image, out: Path, limits: Limits = _LIMITS) -> None:
                 continue
             elif name.startswith(CACHE_FOLDER + "/") and name.count("/") == 2:
                 entry_dir, file_name = name.split("/")[1:]
+                if not _PLAIN.fullmatch(entry_dir) or not _PLAIN.fullmatch(file_name):
+                    raise BundleError(f"{what}: member {name[:100]!r} is not <entry folder>/<file name>; refused")
                 if file_name.startswith("__grp__"):  # the bundle's form: relative children (install rewrites them)
                     children = _group_children(reader.read(), what, name)
                     _add(tar, f"{entry_dir}/{file_name}",
@@ -454,7 +457,8 @@ def parse_source(text: str) -> Source:
     if path.exists():
         return Source("bundle", path)
     host = text.split("/", 1)[0]
-    if "/" in text and ("." in host or ":" in host or host == "localhost") and not text.startswith(("/", ".")):
+    named_host = "." in host or ":" in host or host == "localhost"  # as docker tells a registry from a path
+    if "/" in text and named_host and not text.endswith((".tar.gz", ".tgz")) and not text.startswith(("/", ".")):
         return Source("registry", reference=text)
     return Source("bundle", path)
 
@@ -522,14 +526,17 @@ def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_s
                                          "--require-signature")
         bundle = Path(tmp) / "bundle.tar.gz"
         result = Opened(bundle, shown)
-        if trusted_key is not None and sig is not None:  # the layer's bytes first, then what is in it
-            signing_sha = signing.check(image.layer, sig, trusted_key, shown)
-            layer_to_bundle(image, bundle, limits)
-            signing.check_binding(sig.comment, signing_sha, read_header(bundle, limits)["fingerprint"], shown)
-            result.signed_by, result.comment = trusted_key.id_text, sig.comment
-        else:
-            layer_to_bundle(image, bundle, limits)
-        yield result
+        try:
+            if trusted_key is not None and sig is not None:  # the layer's bytes first, then what is in it
+                signing_sha = signing.check(image.layer, sig, trusted_key, shown)
+                layer_to_bundle(image, bundle, limits)
+                signing.check_binding(sig.comment, signing_sha, read_header(bundle, limits)["fingerprint"], shown)
+                result.signed_by, result.comment = trusted_key.id_text, sig.comment
+            else:
+                layer_to_bundle(image, bundle, limits)
+            yield result
+        except BundleError as e:  # name what the user gave, not the bundle made from its layer
+            raise type(e)(str(e).replace(str(bundle), f"{shown}: layer")) from None
 
 
 def _check(path: Path, sig, key, shown: str, header, result: Opened) -> None:
