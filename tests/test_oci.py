@@ -8,9 +8,11 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 import urllib.request
@@ -305,3 +307,28 @@ def test_pulling_without_skopeo_says_what_to_install(tmp_path, capsys, monkeypat
     monkeypatch.setenv("PATH", str(tmp_path))
     refused(capsys, ["bundle", "install", "127.0.0.1:1/warm:v1", "--cache-dir", str(tmp_path / "d")],
             "needs skopeo")
+
+
+@pytest.mark.slow
+def test_the_docs_commands_run_as_written(tmp_path, registry, spec_file):
+    """Every bash block of docs/signed-bundles.md, in order, in a fresh folder, against a loopback registry."""
+    tool("minisign")
+    tool("skopeo")
+    doc = Path(__file__).resolve().parent.parent / "docs" / "signed-bundles.md"
+    blocks = re.findall(r"```bash\n(.*?)```", doc.read_text(), re.S)
+    assert len(blocks) >= 5
+    work, bin_dir = tmp_path / "work", tmp_path / "bin"
+    work.mkdir()
+    bin_dir.mkdir()
+    shutil.copy(spec_file, work / "rms.yaml")
+    wrapper = bin_dir / "tritonwarm"  # the console script, as this Python runs tritonwarm
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tritonwarm "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "REGISTRY": registry}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(blocks)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("Signature and comment signature verified") == 2
+    assert proc.stdout.count("signature: good, by trusted key") == 5
+    assert "installed 2, already there 0 of 2 entries into" in proc.stdout
+    assert "sm90: ok: 2 planned, 0 missing" in proc.stdout
