@@ -72,7 +72,7 @@ def add_parsers(sub) -> None:
     v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime")
     v.add_argument("bundle", metavar="BUNDLE")
     v.add_argument("--json", action="store_true", help="machine-readable output")
-    add_trust_args(v)
+    add_trust_args(v, verifying=True)
     v.set_defaults(func=cmd_verify)
 
     i = bsub.add_parser("install", help="install into a cache folder (any path): groups rewritten for it, "

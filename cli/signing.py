@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,10 +21,13 @@ def add_oci_create_args(p) -> None:
                         "layer name their files there; tritonwarm's install rewrites them anyway)")
 
 
-def add_trust_args(p) -> None:
+def add_trust_args(p, *, verifying: bool = False) -> None:
+    """``verifying``: with --trusted-key, a missing signature is refused (verify asks for it); install
+    warns and goes on unless --require-signature."""
+    p.set_defaults(key_requires_signature=verifying)
     p.add_argument("--trusted-key", metavar="PUBKEY",
                    help="check the signature (BUNDLE.minisig, or an OCI image's annotation) with this minisign "
-                        "public key file (or key); a bad signature is refused")
+                        "public key file (or key); a bad signature is refused (verify: a missing one too)")
     p.add_argument("--require-signature", action="store_true",
                    help="refuse a bundle or image that is not signed by --trusted-key")
     p.add_argument("--signature", metavar="SIG", help="the minisign signature file (default: BUNDLE.minisig)")
@@ -56,9 +60,12 @@ def opened_bundle(args):
     from ..jit.cache import oci, signing
 
     key = signing.read_public_key(args.trusted_key) if getattr(args, "trusted_key", None) else None
-    with oci.opened(args.bundle, trusted_key=key, require_signature=getattr(args, "require_signature", False),
-                    signature=getattr(args, "signature", None),
+    require = getattr(args, "require_signature", False) or (key is not None and args.key_requires_signature)
+    with oci.opened(args.bundle, trusted_key=key, require_signature=require, signature=getattr(args, "signature", None),
                     tls_verify=not getattr(args, "no_tls_verify", False)) as source:
+        if key is not None and not source.signed:
+            print(f"tritonwarm: warning: {args.bundle} is not signed; installing it unverified "
+                  "(--require-signature refuses it)", file=sys.stderr)
         yield source
 
 

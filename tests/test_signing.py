@@ -146,6 +146,10 @@ def test_every_bad_signature_is_refused_in_one_line_and_installs_nothing(bundle,
 
     refused(capsys, install + ["--trusted-key", str(public)], "not signed", f"{bundle}.minisig",
             "--require-signature")
+    refused(capsys, ["bundle", "verify", str(bundle), "--trusted-key", str(public)], "not signed")
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(tmp_path / "unverified"),
+                 "--trusted-key", str(public), "--no-c-launchers"]) == 0  # installed, and said so
+    assert f"{bundle} is not signed; installing it unverified" in capsys.readouterr().err
     refused(capsys, install, "--require-signature needs --trusted-key")
     assert main(["bundle", "sign", str(bundle), "--key", str(secret)]) == 0
     capsys.readouterr()

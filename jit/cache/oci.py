@@ -321,6 +321,12 @@ def _read_json(path: Path, what: str, digest: str | None = None) -> dict:
     return data
 
 
+def _listed(tags: list) -> str:
+    """Tags as a line can show them: escaped, a few of them."""
+    shown = ", ".join(repr(str(t)[:64]) for t in tags[:8])
+    return (shown + (f" and {len(tags) - 8} more" if len(tags) > 8 else "")) or "none"
+
+
 def _blob(layout: Path, descriptor, what: str) -> tuple[Path, str]:
     digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
     match = _DIGEST.fullmatch(digest) if isinstance(digest, str) else None
@@ -342,10 +348,9 @@ def open_image(layout: Path, tag: str | None = None) -> Image:
     if tag is not None:
         chosen = [m for m, t in zip(manifests, tags, strict=True) if t == tag]
         if not chosen:
-            raise BundleError(f"{layout}: no image tagged {tag!r} (tags: {', '.join(map(str, tags)) or 'none'})")
+            raise BundleError(f"{layout}: no image tagged {tag!r} (tags: {_listed(tags)})")
     elif len(manifests) != 1:
-        raise BundleError(f"{layout}: {len(manifests)} images; name one with oci:{layout}:TAG "
-                          f"(tags: {', '.join(map(str, tags)) or 'none'})")
+        raise BundleError(f"{layout}: {len(manifests)} images; name one with oci:{layout}:TAG (tags: {_listed(tags)})")
     else:
         chosen = manifests
     descriptor = chosen[-1]
@@ -390,7 +395,10 @@ def layer_to_bundle(image: Image, out: Path, limits: Limits = _LIMITS) -> None:
             first = False
             reader = source.extractfile(member)
             if name == HEADER_NAME:
-                _add(tar, HEADER_NAME, reader.read())
+                if member.size > limits.header_bytes:
+                    raise BundleError(f"{what}: {HEADER_NAME} ({member.size} bytes) is over the limit of "
+                                      f"{limits.header_bytes} bytes")
+                _add(tar, HEADER_NAME, size=member.size, stream=reader)
             elif name == MCV_MANIFEST:
                 continue
             elif name.startswith(CACHE_FOLDER + "/") and name.count("/") == 2:
@@ -398,6 +406,8 @@ def layer_to_bundle(image: Image, out: Path, limits: Limits = _LIMITS) -> None:
                 if not _PLAIN.fullmatch(entry_dir) or not _PLAIN.fullmatch(file_name):
                     raise BundleError(f"{what}: member {name[:100]!r} is not <entry folder>/<file name>; refused")
                 if file_name.startswith("__grp__"):  # the bundle's form: relative children (install rewrites them)
+                    if member.size > _JSON_MAX:
+                        raise BundleError(f"{what}: member {name[:100]!r} is over {_JSON_MAX} bytes; not a group")
                     children = _group_children(reader.read(), what, name)
                     _add(tar, f"{entry_dir}/{file_name}",
                          json.dumps({"child_paths": {n: f"{entry_dir}/{n}" for n in children}}).encode())
@@ -477,7 +487,9 @@ def pull(reference: str, into: Path, *, tls_verify: bool = True) -> Image:
         raise BundleError(f"skopeo copy docker://{reference}: no answer in 900 s") from None
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-        raise BundleError(f"skopeo copy docker://{reference} failed: {(lines[-1] if lines else '')[:300]}")
+        last = (lines[-1] if lines else "")[:300]
+        raise BundleError(f"skopeo copy docker://{reference} failed: "
+                          + "".join(c if c.isprintable() else repr(c)[1:-1] for c in last))
     return open_image(into, DEFAULT_TAG)
 
 
@@ -489,6 +501,7 @@ class Opened:
     path: Path  # a plain bundle file
     shown: str  # what the user named
     signed_by: str | None = None  # the trusted key's id, when a signature was checked
+    signed: bool = False  # a signature was there (checked only with a trusted key)
     comment: str | None = None
 
 
@@ -496,7 +509,8 @@ class Opened:
 def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_signature: bool = False,
            signature: Path | None = None, tls_verify: bool = True, limits: Limits = _LIMITS) -> Iterator[Opened]:
     """A bundle file for any source, its signature checked (before anything in it is parsed) where a
-    trusted key is given; with ``require_signature``, an unsigned source is refused."""
+    trusted key is given; with ``require_signature``, an unsigned source is refused. ``signed`` on
+    the result says whether a signature was there (an unsigned source with a trusted key: False)."""
     if require_signature and trusted_key is None:
         raise BundleError("--require-signature needs --trusted-key PUBKEY (the key the signature must be made with)")
     source = parse_source(text)
@@ -505,7 +519,7 @@ def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_s
         sig = signing.read_signature(sig_path) if (signature or sig_path.exists()) else None
         if sig is None and require_signature:
             raise signing.SignatureError(f"{source.path}: not signed (no {sig_path}); refused by --require-signature")
-        result = Opened(source.path, text)
+        result = Opened(source.path, text, signed=sig is not None)
         if trusted_key is not None and sig is not None:
             _check(source.path, sig, trusted_key, text, lambda: read_header(source.path, limits), result)
         yield result
@@ -525,7 +539,7 @@ def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_s
             raise signing.SignatureError(f"{shown}: not signed (no {SIGNATURE_ANNOTATION} annotation); refused by "
                                          "--require-signature")
         bundle = Path(tmp) / "bundle.tar.gz"
-        result = Opened(bundle, shown)
+        result = Opened(bundle, shown, signed=sig is not None)
         try:
             if trusted_key is not None and sig is not None:  # the layer's bytes first, then what is in it
                 signing_sha = signing.check(image.layer, sig, trusted_key, shown)
