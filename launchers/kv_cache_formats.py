@@ -105,8 +105,8 @@ def kv_format(name: str, kv_lora_rank: int = 512, rope_dim: int = 64) -> MLAKVFo
         raise ValueError(f"unknown quantized MLA KV cache format {name!r}: choose one of "
                          f"{', '.join(QUANTIZED_DS_MLA_FORMATS)}")
     group = FP8_TILE if name == "fp8_ds_mla" else NVFP4_BLOCK
-    if kv_lora_rank <= 0 or kv_lora_rank % group:
-        raise ValueError(f"{name} needs kv_lora_rank a positive multiple of {group}, got {kv_lora_rank}")
+    if kv_lora_rank < group or kv_lora_rank & (kv_lora_rank - 1):  # the kernels tile it in powers of two
+        raise ValueError(f"{name} needs kv_lora_rank a power of two of at least {group}, got {kv_lora_rank}")
     if rope_dim <= 0 or rope_dim % 2:
         raise ValueError(f"{name} needs an even, positive rope_dim, got {rope_dim}")
     if name == "fp8_ds_mla":

@@ -51,19 +51,12 @@ def _format_constexprs(fmt: MLAKVFormat) -> dict:
                 GLOBAL_SCALE_OFFSET=max(fmt.global_scale_offset, 0))
 
 
-def _format_of(kv_cache_dtype: str, kv_lora_rank: int, rope_dim: int) -> MLAKVFormat:
-    fmt = kv_format(kv_cache_dtype, kv_lora_rank, rope_dim)
-    if kv_lora_rank & (kv_lora_rank - 1):
-        raise ValueError(f"{kv_cache_dtype}: the kernels tile a power-of-two kv_lora_rank, got {kv_lora_rank}")
-    return fmt
-
-
 # --------------------------------------------------------------------------- write
 
 def mla_kv_write_launch(kv_cache, slots, latent, rope, kv_cache_dtype: str) -> Launch | None:
     if slots.shape[0] == 0:
         return None
-    fmt = _format_of(kv_cache_dtype, latent.shape[1], rope.shape[1])
+    fmt = kv_format(kv_cache_dtype, latent.shape[1], rope.shape[1])
     # The token count only sizes the grid; the cache's block stride (the layers sharing one tensor
     # make it larger than a block) is do_not_specialize: every layer count shares one binary.
     return Launch(grid=(slots.shape[0],),
@@ -91,7 +84,6 @@ def mla_kv_cache_write(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torc
     if slots.dtype not in (torch.int32, torch.int64) or slots.dim() != 1:
         raise ValueError(f"slots must be int32 or int64 [T], got {slots.dtype} {tuple(slots.shape)}")
     layout = QuantizedMLALayout.infer(kv_cache, kv_cache_dtype, latent.shape[1], rope.shape[1])
-    _format_of(kv_cache_dtype, layout.format.kv_lora_rank, layout.format.rope_dim)
     mla_kv_write_jit(kv_cache, slots, latent, rope, kv_cache_dtype)
 
 
@@ -132,7 +124,7 @@ def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits
     if batch == 0:
         return None
     rank = partial_out.shape[-1]
-    fmt = _format_of(kv_cache_dtype, rank, key_dim - rank)
+    fmt = kv_format(kv_cache_dtype, rank, key_dim - rank)
     tiles = quantized_tiles()
     block_h = _head_tile(num_heads)
     # The batch and the split count only size the grid and a do_not_specialize int.
@@ -165,7 +157,6 @@ def quantized_mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, bloc
     if q.dtype not in LATENT_DTYPES or q.stride(-1) != 1:
         raise ValueError(f"q must be fp32, bf16 or fp16 with a unit stride along the head dim, got {q.dtype}")
     layout = QuantizedMLALayout.infer(kv_cache, kv_cache_dtype, kv_lora_rank, key_dim - kv_lora_rank)
-    _format_of(kv_cache_dtype, kv_lora_rank, key_dim - kv_lora_rank)
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
             or block_table.stride(-1) != 1:
         raise ValueError(f"block_table must be int32 [batch, max_blocks] with unit stride, got "
