@@ -11,7 +11,7 @@ Quantizing one token (fp32 arithmetic, operation by operation; the helpers are `
     (every value of the tile dequantizes to NaN, as a NaN MX scale does).
 
 ``nvfp4_ds_mla``: the library's NVFP4 rule with the token's own global scale:
-  gs        = 448 * 6 / amax(token latent)             (IEEE division; at most 2**64; 0 for a zero token)
+  gs        = 448 * 6 / amax(token latent)             (IEEE division; at most 2**126; 0 for a zero token)
   scale     = e4m3_rne(min(gs * (amax16 * fp32(1/6)), 448))
   out_scale = rcp(scale * rcp(gs))
   elements  = e2m1_rne(x * out_scale), saturating to ±6
@@ -45,7 +45,7 @@ from .fp4 import (
 
 E4M3_MAX = 448.0
 NVFP4_TOKEN_SCALE = 448.0 * 6.0  # the global scale that puts the token's largest block scale at 448
-MAX_GLOBAL_SCALE = 2.0**64  # keeps gs and 1 / gs normal fp32 for any nonzero latent
+MAX_GLOBAL_SCALE = 2.0**126  # keeps gs and 1 / gs normal fp32 (binds only below amax 3.2e-35)
 FP8_FORMAT = "fp8_ds_mla"
 NVFP4_FORMAT = "nvfp4_ds_mla"
 
@@ -95,7 +95,7 @@ def mla_kv_quantize_write_kernel(
             token_amax = token_amax_bits.to(tl.float32, bitcast=True)
             safe_amax = tl.where(token_amax == 0, 1.0, token_amax)
             global_scale = tl.minimum(tl.math.div_rn(tl.full((), 2688.0, tl.float32), safe_amax),
-                                      18446744073709551616.0)  # 2**64
+                                      85070591730234615865843651857942052864.0)  # 2**126
             global_scale = tl.where(token_amax == 0, 0.0, global_scale)
             one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
             block_scale = global_scale * (amax_bits.to(tl.float32, bitcast=True) * one_sixth)
@@ -276,7 +276,9 @@ def mla_kv_quantize_reference(latent: torch.Tensor, rope: torch.Tensor, fmt) -> 
     else:
         packed, scale_codes, gs = _nvfp4_latent_reference(latent, fmt)
         parts = {"latent": packed, "scales": scale_codes, "global_scale": _bytes_of(gs.unsqueeze(-1))}
-    parts["rope"] = _bytes_of(rope.float().to(torch.bfloat16))
+    # NaN as the canonical 0x7FC0 (torch's own conversion gives another NaN pattern on some devices)
+    rope_bits = torch.where(rope.isnan(), 0x7FC0, rope.float().to(torch.bfloat16).view(torch.int16).int())
+    parts["rope"] = _bytes_of(rope_bits.to(torch.int16))
     for name, data in parts.items():
         start, stop = fields[name]
         entries[:, start:stop] = data

@@ -24,9 +24,9 @@ Every entry is padded to a multiple of 16 bytes (``ENTRY_ALIGN``): token rows th
 aligned (wide loads of the latent), and the row stride is in Triton's div-16 class for every
 geometry (one binary, not two). fp8_ds_mla's 656 needs no padding. The global scale is NVFP4's
 two-level scheme at token granularity: ``gs = 448 * 6 / amax(token latent)`` puts the token's
-largest block scale at E4M3's maximum, so no token's magnitude (not known when the cache is sized)
-can saturate or underflow the block scales. It costs 4 bytes, and with the padding 16 (432 against
-416 without it: 3.7 % fewer tokens in the same memory).
+largest block scale at E4M3's maximum, so no token's magnitude (not known when the cache is sized;
+any latent amax from 3e-35 up) saturates or underflows the block scales. It costs 4 bytes, and
+with the padding 16 (432 against 416 without it: 3.7 % fewer tokens in the same memory).
 
 The quantization rules (rounding, saturation, zero and non-finite tiles) are in
 ``kernels/mla_kv_quant.py``. The all-zero entry, which ``kv_block_zero`` leaves, is exactly what

@@ -83,7 +83,7 @@ def mla_kv_cache_write(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torc
         raise ValueError("latent and rope must have a unit stride along the last dim")
     if slots.dtype not in (torch.int32, torch.int64) or slots.dim() != 1:
         raise ValueError(f"slots must be int32 or int64 [T], got {slots.dtype} {tuple(slots.shape)}")
-    layout = QuantizedMLALayout.infer(kv_cache, kv_cache_dtype, latent.shape[1], rope.shape[1])
+    QuantizedMLALayout.infer(kv_cache, kv_cache_dtype, latent.shape[1], rope.shape[1])  # raises unless it fits
     mla_kv_write_jit(kv_cache, slots, latent, rope, kv_cache_dtype)
 
 
