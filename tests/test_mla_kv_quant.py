@@ -370,3 +370,37 @@ def test_spec_rows_warm_the_keys_real_tensors_get(target_name):
             assert warmed and warmed == _keys(spec, target, cpu_twin(args), cpu_twin(kwargs)), row.label
             rows += 1
     assert rows >= 12
+
+
+# --------------------------------------------------------------------------- benchmark
+
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_gpu_all_runs_the_kv_formats_step(tmp_path):
+    import os
+    import subprocess
+
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\necho "ran: $*"\n')
+    python.chmod(0o755)
+    proc = subprocess.run(["bash", str(BENCH / "gpu_all.sh"), str(tmp_path / "out"), "kvformats"],
+                          env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "== kvformats: exit 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "bench/kv_formats.py --json" in (tmp_path / "out" / "kvformats.log").read_text()
+    assert "kvformats" in (BENCH / "gpu_all.sh").read_text().split("steps=(env", 1)[1].split(")", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_each_format_on_the_cpu():
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(BENCH / "kv_formats.py")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("auto", "fp8_ds_mla", "nvfp4_ds_mla"):
+        assert f"{name}: decode and write ran on the CPU" in proc.stdout
