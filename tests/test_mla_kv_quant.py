@@ -420,3 +420,18 @@ def test_the_benchmark_runs_each_format_on_the_cpu():
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("auto", "fp8_ds_mla", "nvfp4_ds_mla"):
         assert f"{name}: decode and write ran on the CPU" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_spec_rows_compile_and_check_for_sm100(tmp_path):
+    """sm90 and gfx942 compile every shipped row in tests/test_shipped_specs.py; Blackwell here."""
+    from tritonwarm.jit.check import check
+    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.warmup import warm
+
+    target = TARGETS["sm100"]
+    the_plan = plan(_quantized_specs(), target)
+    assert not the_plan.unreachable and not the_plan.errors and not the_plan.redundant
+    result = warm(the_plan, tmp_path, jobs=2)
+    assert result.failed == 0 and result.compiled == len(the_plan.variants) >= 9, result.failures
+    assert check(plan(_quantized_specs(), target), tmp_path).ok
