@@ -38,6 +38,8 @@ def add_engine_parser(subparsers) -> None:
                                          "or the user cache dir)")
     run.add_argument("--record", metavar="FILE", help="write the dispatch record (JSONL) here")
     run.add_argument("--metrics", metavar="FILE", help="write Prometheus counters (text format) here")
+    run.add_argument("--kv-memory-gib", type=float, metavar="GIB",
+                     help="also report how many tokens a KV cache of this many GiB holds in the config's format")
     run.add_argument("--json", action="store_true", help="machine-readable output")
     run.set_defaults(func=cmd_engine_run)
     engine.set_defaults(func=lambda args: engine.print_help() or 2)
@@ -73,6 +75,8 @@ def cmd_engine_run(args) -> int:
     if args.requests > MAX_REQUESTS:
         raise ValueError(f"--requests {args.requests}: at most {MAX_REQUESTS} (a seeded test workload, "
                          "generated up front)")
+    if args.kv_memory_gib is not None and not 0 < args.kv_memory_gib <= 2**20:
+        raise ValueError(f"--kv-memory-gib {args.kv_memory_gib}: a size in GiB, more than 0 and at most 2**20")
     _check_paths(args)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
@@ -99,6 +103,7 @@ def cmd_engine_run(args) -> int:
         "cache_hits": monitor.hits, "cache_misses": len(monitor.misses),
         "startup_missing": len(report.startup_missing),
         "launches": dict(sorted((k.rsplit(".", 1)[-1], v) for k, v in monitor.launches.items())),
+        **kv_cache_summary(config, args.kv_memory_gib),
     }
     if args.json:
         print(json.dumps({"outputs": result.outputs, **summary}, indent=1))
@@ -111,4 +116,29 @@ def cmd_engine_run(args) -> int:
               f"({summary['tokens_per_second']} tokens/s); compiles at serving time: {summary['serve_compiles']} "
               f"({summary['serve_compile_seconds']} s); cache hits {summary['cache_hits']}, "
               f"misses {summary['cache_misses']}")
+        print(format_kv_cache_summary(summary))
     return 0
+
+
+def kv_cache_summary(config, memory_gib: float | None = None) -> dict:
+    """The KV cache's format, bytes per token (one layer and all layers) and the tokens it holds: the
+    config's ``num_blocks`` and, with ``memory_gib``, a cache of that size."""
+    from .kv import kv_cache_bytes_per_token, kv_cache_tokens
+
+    per_token = kv_cache_bytes_per_token(config)
+    out = {"kv_cache_dtype": config.kv_cache_dtype, "kv_bytes_per_token_layer": per_token // config.model.num_layers,
+           "kv_bytes_per_token": per_token, "kv_cache_tokens": config.num_blocks * config.block_size,
+           "kv_cache_bytes": config.num_blocks * config.block_size * per_token}
+    if memory_gib is not None:
+        out["kv_memory_gib"] = memory_gib
+        out["kv_tokens_at_memory"] = kv_cache_tokens(config, int(memory_gib * 2**30))
+    return out
+
+
+def format_kv_cache_summary(summary: dict) -> str:
+    line = (f"KV cache {summary['kv_cache_dtype']}: {summary['kv_bytes_per_token_layer']} bytes per token and layer, "
+            f"{summary['kv_bytes_per_token']} in all layers; {summary['kv_cache_tokens']} tokens in "
+            f"{summary['kv_cache_bytes'] / 2**20:.1f} MiB")
+    if "kv_tokens_at_memory" in summary:
+        line += f"; {summary['kv_memory_gib']:g} GiB hold {summary['kv_tokens_at_memory']} tokens"
+    return line

@@ -21,6 +21,7 @@ import yaml
 
 from ..errors import describe_error
 from ..launchers.fused_moe import load_tile_table
+from ..launchers.kv_cache_formats import KV_CACHE_DTYPES, kv_format
 from ..launchers.moe_routing import SCORINGS, check_groups
 
 _POSITIVE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "kv_lora_rank", "qk_nope_head_dim",
@@ -130,6 +131,9 @@ class EngineConfig:
     # Decode batch sizes captured as CUDA graphs at start-up (GPU only; part of the warm-up plan). A
     # decode step of n requests replays the smallest size >= n; larger and mixed steps run eagerly.
     cuda_graph_batch_sizes: tuple[int, ...] = ()
+    # How the MLA latent cache stores a token: "auto" (``dtype``) or a quantized DS-MLA format
+    # (launchers/kv_cache_formats.py: fp8_ds_mla, nvfp4_ds_mla).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self):
         _check_types(self)
@@ -148,6 +152,10 @@ class EngineConfig:
         object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
         if self.moe_tile_configs is not None:
             load_tile_table(self.moe_tile_configs)  # a bad table is named now, not at the first MoE layer
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype != "auto":  # the format must tile this model's latent
+            kv_format(self.kv_cache_dtype, self.model.kv_lora_rank, self.model.qk_rope_head_dim)
         if self.max_batch_size > self.max_num_tokens:
             raise ValueError("max_batch_size must not exceed max_num_tokens: every running request "
                              "decodes one token per step")

@@ -1,10 +1,11 @@
 """The paged KV cache: one allocation for all layers, and the block allocator that hands out blocks.
 
-The layout is the shared one of ``launchers/kv_cache.py`` (MLA: one latent head per token). All
+The layout is the shared one of ``launchers/kv_cache.py`` (MLA: one latent head per token), or with
+``kv_cache_dtype`` a quantized DS-MLA format's (``launchers/kv_cache_formats.py``: uint8 entries). All
 layers live in one tensor ``[num_blocks, num_layers, block_size, 1, entry_dim]``: block ``b`` of every
-layer is one contiguous range, so a single ``kv_block_zero`` launch clears a new block in all layers,
-and each layer's view ``cache[:, layer]`` is a ``KVCacheLayout`` tensor whose block stride is larger
-than one block (which the layout allows).
+layer is one contiguous range, so a single ``kv_block_zero`` launch clears a new block in all layers
+(all-zero bytes are every format's empty token), and each layer's view ``cache[:, layer]`` is a layout
+tensor whose block stride is larger than one block (which the layouts allow).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import deque
 import torch
 
 from ..launchers.kv_cache import KVCacheLayout
+from ..launchers.kv_cache_formats import QuantizedMLALayout, kv_bytes_per_token, kv_format
 from .config import EngineConfig
 
 
@@ -55,10 +57,30 @@ class BlockAllocator:
 class KVCache:
     def __init__(self, config: EngineConfig, device):
         cfg = config.model
-        self.layout = KVCacheLayout.mla(config.num_blocks, config.block_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        if config.kv_cache_dtype == "auto":
+            self.layout = KVCacheLayout.mla(config.num_blocks, config.block_size, cfg.kv_lora_rank,
+                                            cfg.qk_rope_head_dim)
+            dtype = config.dtype
+        else:
+            fmt = kv_format(config.kv_cache_dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+            self.layout = QuantizedMLALayout(fmt, config.num_blocks, config.block_size)
+            dtype = torch.uint8
         _, block_size, heads, entry = self.layout.shape
         self.tensor = torch.zeros(config.num_blocks, cfg.num_layers, block_size, heads, entry,
-                                  dtype=config.dtype, device=device)
+                                  dtype=dtype, device=device)
         self.layers = [self.tensor[:, i] for i in range(cfg.num_layers)]
         for layer in self.layers:
             self.layout.check(layer)
+
+
+def kv_cache_bytes_per_token(config: EngineConfig) -> int:
+    """Bytes one token takes in the cache, all layers together."""
+    cfg = config.model
+    return cfg.num_layers * kv_bytes_per_token(config.kv_cache_dtype, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
+                                               config.dtype)
+
+
+def kv_cache_tokens(config: EngineConfig, memory_bytes: int) -> int:
+    """Tokens a cache of ``memory_bytes`` holds: whole blocks of ``block_size`` tokens in all layers."""
+    block_bytes = kv_cache_bytes_per_token(config) * config.block_size
+    return memory_bytes // block_bytes * config.block_size

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ..launchers.fused_moe import TileTable, active_tile_table, load_tile_table
 from ..launchers.kv_cache import KVCacheLayout
+from ..launchers.mla_kv_quant import slots_of
 from ..launchers.moe_align import path_token_counts
 from .config import EngineConfig
 from .ops import Ops
@@ -50,8 +51,12 @@ class Model:
         """Logits (fp32) of ``step.sample_rows``; the step's latent KV is written to the caches."""
         ops, cfg = self.ops, self.cfg
         # One split metadata per step, shared by every layer's attention (one latent kv head).
-        metadata = ops.decode_metadata(step.seq_lens, step.block_tables, cfg.num_heads, 1,
-                                       cfg.kv_lora_rank + cfg.qk_rope_head_dim, self.config.block_size)
+        if self.config.kv_cache_dtype == "auto":
+            metadata = ops.decode_metadata(step.seq_lens, step.block_tables, cfg.num_heads, 1,
+                                           cfg.kv_lora_rank + cfg.qk_rope_head_dim, self.config.block_size)
+        else:
+            metadata = ops.quantized_decode_metadata(step.seq_lens, step.block_tables, cfg.num_heads,
+                                                     self.config.block_size, self.config.kv_cache_dtype)
         x = F.embedding(step.input_ids, self.embed)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
@@ -77,11 +82,20 @@ class Model:
         latent = ops.rms_norm(kv_a[:, :rank], w["kv_a_norm"], cfg.rms_norm_eps)
         q_pe, k_pe = ops.rotary_embedding(step.positions, q[..., nope:], kv_a[:, None, rank:],
                                           self.cos_sin_cache, cfg.rope_is_neox)
-        layout = KVCacheLayout.mla(kv_cache.shape[0], self.config.block_size, rank, rope)
-        layout.write(kv_cache, step.block_tables, step.positions, torch.cat([latent[:, None], k_pe], dim=-1))
+        kv_dtype = self.config.kv_cache_dtype
+        if kv_dtype == "auto":
+            layout = KVCacheLayout.mla(kv_cache.shape[0], self.config.block_size, rank, rope)
+            layout.write(kv_cache, step.block_tables, step.positions, torch.cat([latent[:, None], k_pe], dim=-1))
+        else:  # quantized where it is stored: the same bytes in both modes (the write is bit-exact)
+            slots = slots_of(step.block_tables, step.positions, self.config.block_size)
+            ops.mla_kv_write(kv_cache, slots, latent, k_pe[:, 0], kv_dtype)
         q_latent = torch.einsum("thn,hnr->thr", q[..., :nope], w["w_uk"])
         q_full = torch.cat([q_latent, q_pe], dim=-1).contiguous()  # [T, heads, rank + rope]
-        out = ops.paged_attention(q_full, kv_cache, step.block_tables, step.seq_lens, self.scale, metadata, rank)
+        if kv_dtype == "auto":
+            out = ops.paged_attention(q_full, kv_cache, step.block_tables, step.seq_lens, self.scale, metadata, rank)
+        else:
+            out = ops.quantized_mla_attention(q_full, kv_cache, step.block_tables, step.seq_lens, self.scale,
+                                              kv_dtype, rank, metadata)
         out = torch.einsum("thr,hvr->thv", out, w["w_uv"]).reshape(tokens, cfg.num_heads * cfg.v_head_dim)
         return out @ w["o_proj"].T
 

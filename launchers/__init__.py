@@ -8,6 +8,8 @@ from .fp4 import mxfp4_dequantize, mxfp4_quantize, nvfp4_dequantize, nvfp4_quant
 from .fused_moe import fused_moe, fused_moe_mxfp4, fused_moe_nvfp4
 from .kv_block_zero import kv_block_zero
 from .kv_cache import KVCacheLayout
+from .kv_cache_formats import QUANTIZED_DS_MLA_FORMATS, QuantizedMLALayout, kv_format
+from .mla_kv_quant import mla_kv_cache_write, quantized_mla_decode_attention, quantized_mla_decode_metadata
 from .mla_metadata import mla_decode_metadata
 from .moe_align import moe_align_block_size
 from .moe_routing import moe_topk_routing
@@ -16,7 +18,9 @@ from .rms_norm import rms_norm
 from .rotary import rotary_embedding
 
 __all__ = [
-    "KVCacheLayout", "fused_moe", "fused_moe_mxfp4", "fused_moe_nvfp4", "kv_block_zero", "mla_decode_metadata",
+    "KVCacheLayout", "QUANTIZED_DS_MLA_FORMATS", "QuantizedMLALayout", "fused_moe", "fused_moe_mxfp4",
+    "fused_moe_nvfp4", "kv_block_zero", "kv_format", "mla_decode_metadata", "mla_kv_cache_write",
     "moe_align_block_size", "moe_topk_routing", "mxfp4_dequantize", "mxfp4_quantize", "nvfp4_dequantize",
-    "nvfp4_quantize", "paged_decode_attention", "paged_decode_metadata", "rms_norm", "rotary_embedding", "silu_and_mul",
+    "nvfp4_quantize", "paged_decode_attention", "paged_decode_metadata", "quantized_mla_decode_attention",
+    "quantized_mla_decode_metadata", "rms_norm", "rotary_embedding", "silu_and_mul",
 ]

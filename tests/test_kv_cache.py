@@ -178,8 +178,8 @@ def test_compiles_for_both_model_geometries(compile_call, target):
 
 @pytest.mark.parametrize("target", ["sm90", "gfx942"])
 def test_warmup_spec_plans_cleanly(target):
-    """Every row launches, the id count never changes the variant: one binary per dtype (on AMD, two:
-    a cache over 2 GiB is another binary there)."""
+    """Every row launches, the id count never changes the variant: one binary per dtype, bf16, fp16
+    and the quantized MLA formats' uint8 (on AMD, two: a cache over 2 GiB is another binary there)."""
     the_plan = plan(load_specs([SPEC]), TARGETS[target])
     assert not (the_plan.unreachable or the_plan.errors or the_plan.collapse_errors or the_plan.redundant)
-    assert len(the_plan.variants) == (2 if target == "sm90" else 4)
+    assert len(the_plan.variants) == (3 if target == "sm90" else 6)

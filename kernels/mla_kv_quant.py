@@ -1,0 +1,337 @@
+"""Quantized DS-MLA KV caches: the write kernel, the decode attention that dequantizes in registers,
+and their plain-PyTorch references. Byte layouts: ``launchers/kv_cache_formats.py`` (``MLAKVFormat``).
+
+Quantizing one token (fp32 arithmetic, operation by operation; the helpers are ``kernels/fp4.py``'s):
+
+``fp8_ds_mla``, per tile of 128 latent values (the NVFP4 kernel's scale rule with E4M3's max, 448):
+  scale    = amax / 448                               (IEEE division)
+  elements = e4m3_rne(x * rcp(scale)), saturating to ±448, rcp(0) = 0
+  dequant  = e4m3 * scale
+  - zero tile: scale 0, codes 0 (dequantizes to 0); a tile holding NaN or ±inf: scale NaN, codes 0
+    (every value of the tile dequantizes to NaN, as a NaN MX scale does).
+
+``nvfp4_ds_mla``: the library's NVFP4 rule with the token's own global scale:
+  gs        = 448 * 6 / amax(token latent)             (IEEE division; at most 2**126; 0 for a zero token)
+  scale     = e4m3_rne(min(gs * (amax16 * fp32(1/6)), 448))
+  out_scale = rcp(scale * rcp(gs))
+  elements  = e2m1_rne(x * out_scale), saturating to ±6
+  dequant   = e2m1 * (scale / gs), 0 where gs is 0 (the all-zero entry: a zeroed slot, a zero token)
+  - a token whose latent holds NaN or ±inf: gs NaN, block scales 0x7F (NaN), codes 0: NaN.
+
+Both: the RoPE part is stored as bf16 (round to nearest even, NaN kept), and an element that rounds
+to zero gets code 0, never the negative zero code (0x80 / 0x8).
+
+Decode attention is ``kernels/paged_attention.py``'s grid split kernel (program per request and
+split, online softmax over ``BLOCK_N``-token tiles, partials merged by its combine kernel) with the
+key tile dequantized in registers: latent codes times their scales in fp32, then rounded once to
+q's dtype for the dot (as a bf16 cache holds bf16 keys); the value is the same dequantized latent.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from .fp4 import (
+    _FP32_ONE_SIXTH_BITS,
+    _e2m1_codes_reference,
+    _e2m1_decode,
+    _e4m3_decode,
+    _minifloat_code,
+    _pack_pairs,
+    _reciprocal_or_zero,
+    _to_fp32,
+    _unpack_reference,
+)
+
+E4M3_MAX = 448.0
+NVFP4_TOKEN_SCALE = 448.0 * 6.0  # the global scale that puts the token's largest block scale at 448
+MAX_GLOBAL_SCALE = 2.0**126  # keeps gs and 1 / gs normal fp32 (binds only below amax 3.2e-35)
+FP8_FORMAT = "fp8_ds_mla"
+NVFP4_FORMAT = "nvfp4_ds_mla"
+
+
+# --------------------------------------------------------------------------- write (quantize)
+
+@triton.jit
+def _bf16_bits(x):
+    """bf16 bits (int32, 0..0xFFFF) of fp32 ``x``, rounded to nearest even; NaN -> 0x7FC0. Integer
+    code: the interpreter's bf16 cast does not round to nearest even everywhere."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    return tl.where(x != x, 0x7FC0, rounded)
+
+
+@triton.jit(do_not_specialize=["block_stride"])
+def mla_kv_quantize_write_kernel(
+    cache_ptr, latent_ptr, rope_ptr, slots_ptr,
+    block_stride, latent_row_stride, rope_row_stride,
+    KV_FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, ENTRY_BYTES: tl.constexpr,
+    LATENT_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+    SCALE_GROUP: tl.constexpr, SCALE_OFFSET: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    GLOBAL_SCALE_OFFSET: tl.constexpr,
+):
+    # Program t writes token t into slot slots[t] = block * PAGE_SIZE + row (negative: padding, skipped).
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + token).to(tl.int64)
+    if slot >= 0:
+        entry = cache_ptr + (slot // PAGE_SIZE) * block_stride + (slot % PAGE_SIZE) * ENTRY_BYTES
+        groups = tl.arange(0, LATENT_DIM // SCALE_GROUP)
+        cols = groups[:, None] * SCALE_GROUP + tl.arange(0, SCALE_GROUP)[None, :]
+        x = _to_fp32(tl.load(latent_ptr + token * latent_row_stride + cols))
+        amax_bits = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)  # per group; NaN kept
+        if KV_FORMAT == "fp8_ds_mla":
+            non_finite = amax_bits >= 0x7F800000
+            amax = amax_bits.to(tl.float32, bitcast=True)
+            scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+            codes = _minifloat_code(x * _reciprocal_or_zero(scale)[:, None], MANTISSA_BITS=3, MIN_EXP=-6,
+                                    MAX_CODE=0x7E, SIGN_SHIFT=7)
+            codes = tl.where(non_finite[:, None], 0, codes)
+            tl.store(entry + cols, codes.to(tl.uint8))
+            scale_bits = tl.where(non_finite, 0x7FC00000, scale.to(tl.int32, bitcast=True))
+            tl.store((entry + SCALE_OFFSET).to(tl.pointer_type(tl.int32)) + groups, scale_bits)
+        else:
+            token_amax_bits = tl.max(amax_bits, axis=0)
+            non_finite = token_amax_bits >= 0x7F800000
+            token_amax = token_amax_bits.to(tl.float32, bitcast=True)
+            safe_amax = tl.where(token_amax == 0, 1.0, token_amax)
+            global_scale = tl.minimum(tl.math.div_rn(tl.full((), 2688.0, tl.float32), safe_amax),
+                                      85070591730234615865843651857942052864.0)  # 2**126
+            global_scale = tl.where(token_amax == 0, 0.0, global_scale)
+            one_sixth = tl.full((), _FP32_ONE_SIXTH_BITS, tl.int32).to(tl.float32, bitcast=True)
+            block_scale = global_scale * (amax_bits.to(tl.float32, bitcast=True) * one_sixth)
+            scale_code = _minifloat_code(block_scale, MANTISSA_BITS=3, MIN_EXP=-6, MAX_CODE=0x7E, SIGN_SHIFT=7)
+            out_scale = _reciprocal_or_zero(_e4m3_decode(scale_code) * _reciprocal_or_zero(global_scale))
+            codes = _minifloat_code(x * out_scale[:, None], MANTISSA_BITS=1, MIN_EXP=0, MAX_CODE=7, SIGN_SHIFT=3)
+            codes = tl.where(non_finite, 0, codes)
+            scale_code = tl.where(non_finite, 0x7F, scale_code)
+            packed = _pack_pairs(codes, LATENT_DIM // SCALE_GROUP, SCALE_GROUP)
+            pairs = groups[:, None] * (SCALE_GROUP // 2) + tl.arange(0, SCALE_GROUP // 2)[None, :]
+            tl.store(entry + pairs, packed)
+            tl.store(entry + SCALE_OFFSET + groups, scale_code.to(tl.uint8))
+            gs_bits = tl.where(non_finite, 0x7FC00000, global_scale.to(tl.int32, bitcast=True))
+            tl.store((entry + GLOBAL_SCALE_OFFSET).to(tl.pointer_type(tl.int32)), gs_bits)
+        r = tl.arange(0, BLOCK_ROPE)
+        rope = _to_fp32(tl.load(rope_ptr + token * rope_row_stride + r, mask=r < ROPE_DIM, other=0.0))
+        tl.store((entry + ROPE_OFFSET).to(tl.pointer_type(tl.int16)) + r, _bf16_bits(rope).to(tl.int16),
+                 mask=r < ROPE_DIM)
+
+
+# --------------------------------------------------------------------------- decode attention
+
+@triton.jit
+def _dequantized_latent(rows, token_mask, KV_FORMAT: tl.constexpr, LATENT_DIM: tl.constexpr,
+                        SCALE_GROUP: tl.constexpr, SCALE_OFFSET: tl.constexpr, GLOBAL_SCALE_OFFSET: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """[BLOCK_N, LATENT_DIM] fp32 latent of the tokens whose entries start at ``rows`` ([BLOCK_N] uint8
+    pointers); masked tokens read as zeros. Scales are computed once per group, then broadcast."""
+    GROUPS: tl.constexpr = LATENT_DIM // SCALE_GROUP
+    g = tl.arange(0, GROUPS)
+    mask3 = token_mask[:, None, None]
+    if KV_FORMAT == "fp8_ds_mla":
+        e = tl.arange(0, SCALE_GROUP)
+        codes = tl.load(rows[:, None, None] + g[None, :, None] * SCALE_GROUP + e[None, None, :], mask=mask3,
+                        other=0).to(tl.int32)
+        scale = tl.load((rows + SCALE_OFFSET).to(tl.pointer_type(tl.float32))[:, None] + g[None, :],
+                        mask=token_mask[:, None], other=0.0)
+        values = _e4m3_decode(codes) * scale[:, :, None]
+    else:
+        # each byte read for both of its values (the second read hits L1), its nibble picked by shift:
+        # no join / interleave of two half tiles, which cost registers (spills on sm90)
+        e = tl.arange(0, SCALE_GROUP)
+        packed = tl.load(rows[:, None, None] + g[None, :, None] * (SCALE_GROUP // 2) + (e // 2)[None, None, :],
+                         mask=mask3, other=0).to(tl.int32)
+        elements = _e2m1_decode((packed >> ((e & 1) * 4)[None, None, :]) & 0xF)
+        scale_code = tl.load(rows[:, None] + SCALE_OFFSET + g[None, :], mask=token_mask[:, None], other=0)
+        global_scale = tl.load((rows + GLOBAL_SCALE_OFFSET).to(tl.pointer_type(tl.float32)), mask=token_mask,
+                               other=0.0)
+        empty = global_scale == 0.0
+        safe = tl.where(empty, 1.0, global_scale)
+        block_scale = tl.math.div_rn(_e4m3_decode(scale_code.to(tl.int32)),
+                                     tl.broadcast_to(safe[:, None], (BLOCK_N, GROUPS)))
+        block_scale = tl.where(empty[:, None], 0.0, block_scale)
+        values = elements * block_scale[:, :, None]
+    return tl.reshape(values, (BLOCK_N, LATENT_DIM))
+
+
+@triton.jit(do_not_specialize=["block_table_stride", "num_splits"])
+def quantized_mla_decode_split_kernel(
+    q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, partial_out_ptr, partial_lse_ptr,
+    q_batch_stride, q_head_stride, cache_block_stride, block_table_stride,
+    partial_split_stride, partial_head_stride, lse_split_stride,
+    scale_log2, num_splits,
+    KV_FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, ENTRY_BYTES: tl.constexpr, NUM_HEADS: tl.constexpr,
+    LATENT_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_ROPE: tl.constexpr,
+    SCALE_GROUP: tl.constexpr, SCALE_OFFSET: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    GLOBAL_SCALE_OFFSET: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (request * num_splits + split, head tile): one partial (output, base-2 lse) per split,
+    as ``paged_decode_attention_grid_split_kernel`` writes them (a split past the request's end
+    writes lse -inf only)."""
+    slot = tl.program_id(0).to(tl.int64)
+    request = slot // num_splits
+    split = slot % num_splits
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_mask = heads < NUM_HEADS
+    d = tl.arange(0, LATENT_DIM)
+    r = tl.arange(0, BLOCK_ROPE)
+    n = tl.arange(0, BLOCK_N)
+
+    seq_len = tl.load(seq_lens_ptr + request)
+    tiles_per_split = ((seq_len + BLOCK_N - 1) // BLOCK_N + num_splits - 1) // num_splits
+    token_lo = tl.minimum(split * tiles_per_split * BLOCK_N, seq_len)
+    token_hi = tl.minimum(token_lo + tiles_per_split * BLOCK_N, seq_len)
+
+    q_rows = q_ptr + request * q_batch_stride + heads[:, None] * q_head_stride
+    q = tl.load(q_rows + d[None, :], mask=head_mask[:, None], other=0.0)
+    q_rope = tl.load(q_rows + LATENT_DIM + r[None, :], mask=head_mask[:, None] & (r[None, :] < ROPE_DIM), other=0.0)
+    table_row = block_table_ptr + request * block_table_stride
+
+    row_max = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, LATENT_DIM], tl.float32)
+    for token_start in range(token_lo, token_hi, BLOCK_N):
+        tokens = token_start + n
+        token_mask = tokens < token_hi
+        block_ids = tl.load(table_row + tokens // PAGE_SIZE, mask=token_mask, other=0)
+        rows = cache_ptr + block_ids.to(tl.int64) * cache_block_stride + (tokens % PAGE_SIZE) * ENTRY_BYTES
+        k = _dequantized_latent(rows, token_mask, KV_FORMAT, LATENT_DIM, SCALE_GROUP, SCALE_OFFSET,
+                                GLOBAL_SCALE_OFFSET, BLOCK_N).to(q.dtype)
+        rope_bits = tl.load((rows + ROPE_OFFSET).to(tl.pointer_type(tl.int16))[:, None] + r[None, :],
+                            mask=token_mask[:, None] & (r[None, :] < ROPE_DIM), other=0)
+        k_rope = _to_fp32(rope_bits.to(tl.bfloat16, bitcast=True)).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        scores += tl.dot(q_rope, tl.trans(k_rope), input_precision="ieee")
+        scores = tl.where(token_mask[None, :], scores * scale_log2, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(row_max - safe_max)
+        probs = tl.exp2(scores - safe_max[:, None])
+        row_sum = row_sum * rescale + tl.sum(probs, axis=1)
+        acc = tl.dot(probs.to(k.dtype), k, acc * rescale[:, None], input_precision="ieee")
+        row_max = new_max
+
+    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    out = acc / safe_sum[:, None]
+    lse = tl.where(row_sum > 0.0, row_max + tl.log2(safe_sum), float("-inf"))
+    live_heads = heads < tl.where(token_hi > token_lo, NUM_HEADS, 0)
+    partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
+    tl.store(partial_rows + d[None, :], out, mask=live_heads[:, None])
+    tl.store(partial_lse_ptr + slot * lse_split_stride + heads, lse, mask=head_mask)
+
+
+# --------------------------------------------------------------------------- references
+
+def _bytes_of(x: torch.Tensor) -> torch.Tensor:
+    """[..., n] of a fixed-width dtype -> [..., n * itemsize] uint8 (native byte order, as the GPU stores)."""
+    return x.contiguous().view(torch.uint8)
+
+
+def _reciprocal(y: torch.Tensor) -> torch.Tensor:
+    return torch.where(y == 0, torch.zeros_like(y), 1.0 / y)
+
+
+def _fp8_latent_reference(latent: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes uint8 [T, R], scales fp32 [T, R/128]) with torch's own float8_e4m3fn rounding."""
+    tiles = latent.float().reshape(latent.shape[0], -1, fmt.scale_group)
+    amax = tiles.abs().amax(dim=-1)
+    non_finite = ~torch.isfinite(amax)
+    scale = amax / torch.full_like(amax, E4M3_MAX)  # tensor by tensor: IEEE division, never a reciprocal
+    scaled = (tiles * _reciprocal(scale).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)  # saturate, then RNE
+    codes = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
+    codes = torch.where((codes == 0x80) | non_finite.unsqueeze(-1), 0, codes)  # no negative zero
+    scale = torch.where(non_finite, float("nan"), scale)
+    return codes.flatten(1), scale
+
+
+def _nvfp4_latent_reference(latent: torch.Tensor, fmt):
+    """(packed uint8 [T, R/2], scale codes uint8 [T, R/16], global scales fp32 [T]): ``nvfp4_quantize_reference``'s
+    rule per token, with the token's global scale."""
+    blocks = latent.float().reshape(latent.shape[0], -1, fmt.scale_group)
+    amax = blocks.abs().amax(dim=-1)
+    token_amax = amax.amax(dim=-1)
+    non_finite = ~torch.isfinite(token_amax)
+    # tensor by tensor: torch computes ``scalar / tensor`` as ``tensor.reciprocal() * scalar`` (two roundings)
+    gs = (torch.full_like(token_amax, NVFP4_TOKEN_SCALE) / torch.where(token_amax == 0, 1.0, token_amax))
+    gs = gs.clamp(max=MAX_GLOBAL_SCALE)
+    gs = torch.where(token_amax == 0, 0.0, gs)
+    one_sixth = torch.tensor(1 / 6, dtype=torch.float32)
+    block_scale = gs.unsqueeze(-1) * (amax * one_sixth)
+    scale_fp8 = block_scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    out_scale = _reciprocal(scale_fp8.float() * _reciprocal(gs).unsqueeze(-1))
+    codes = _e2m1_codes_reference(blocks * out_scale.unsqueeze(-1))
+    codes = torch.where(non_finite[:, None, None], 0, codes).flatten(1).to(torch.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scale_codes = torch.where(non_finite.unsqueeze(-1), 0x7F, scale_fp8.view(torch.uint8).int()).to(torch.uint8)
+    gs = torch.where(non_finite, float("nan"), gs)
+    return packed, scale_codes, gs
+
+
+def mla_kv_quantize_reference(latent: torch.Tensor, rope: torch.Tensor, fmt) -> torch.Tensor:
+    """The ``fmt.entry_bytes`` entries (uint8 ``[T, entry_bytes]``) of tokens ``latent [T, R]``, ``rope [T, P]``."""
+    tokens = latent.shape[0]
+    entries = torch.zeros(tokens, fmt.entry_bytes, dtype=torch.uint8, device=latent.device)
+    fields = fmt.fields()
+    if fmt.name == FP8_FORMAT:
+        codes, scales = _fp8_latent_reference(latent, fmt)
+        parts = {"latent": codes, "scales": _bytes_of(scales)}
+    else:
+        packed, scale_codes, gs = _nvfp4_latent_reference(latent, fmt)
+        parts = {"latent": packed, "scales": scale_codes, "global_scale": _bytes_of(gs.unsqueeze(-1))}
+    # NaN as the canonical 0x7FC0 (torch's own conversion gives another NaN pattern on some devices)
+    rope_bits = torch.where(rope.isnan(), 0x7FC0, rope.float().to(torch.bfloat16).view(torch.int16).int())
+    parts["rope"] = _bytes_of(rope_bits.to(torch.int16))
+    for name, data in parts.items():
+        start, stop = fields[name]
+        entries[:, start:stop] = data
+    return entries
+
+
+def mla_kv_dequantize_reference(entries: torch.Tensor, fmt) -> torch.Tensor:
+    """fp32 ``[..., R + P]`` (``[latent | rope]``) of uint8 entries ``[..., entry_bytes]``."""
+    fields = fmt.fields()
+
+    def field(name):
+        start, stop = fields[name]
+        return entries[..., start:stop].contiguous()
+
+    rope = field("rope").view(torch.bfloat16).float()
+    if fmt.name == FP8_FORMAT:
+        codes = field("latent").view(torch.float8_e4m3fn).float().unflatten(-1, (-1, fmt.scale_group))
+        latent = (codes * field("scales").view(torch.float32).unsqueeze(-1)).flatten(-2)
+    else:
+        values = _unpack_reference(field("latent")).float().unflatten(-1, (-1, fmt.scale_group))
+        gs = field("global_scale").view(torch.float32)
+        block_scale = field("scales").view(torch.float8_e4m3fn).float() / torch.where(gs == 0, 1.0, gs)
+        block_scale = torch.where(gs == 0, 0.0, block_scale)
+        latent = (values * block_scale.unsqueeze(-1)).flatten(-2)
+    return torch.cat([latent, rope], dim=-1)
+
+
+def mla_kv_write_reference(kv_cache: torch.Tensor, fmt, slots: torch.Tensor, latent: torch.Tensor,
+                           rope: torch.Tensor) -> None:
+    """``mla_kv_quantize_reference``'s entries into ``kv_cache [blocks, block_size, 1, entry_bytes]`` at
+    ``slots`` (block * block_size + row; negative: skipped), in place."""
+    entries = mla_kv_quantize_reference(latent, rope, fmt)
+    slots = slots.long()
+    keep = slots >= 0
+    block_size = kv_cache.shape[1]
+    kv_cache[slots[keep] // block_size, slots[keep] % block_size, 0] = entries[keep]
+
+
+def quantized_mla_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, fmt):
+    """Plain softmax attention over the dequantized cache: each token's ``[latent | rope]`` from
+    ``mla_kv_dequantize_reference``, rounded to q's dtype as the kernel rounds its key tile, then
+    fp32 math. The value is the dequantized latent. Returns ``[batch, heads, R]`` in q's dtype."""
+    num_blocks, block_size = kv_cache.shape[:2]
+    keys = mla_kv_dequantize_reference(kv_cache[:, :, 0], fmt).to(q.dtype).float()  # [blocks, bs, R + P]
+    batch, num_heads, _ = q.shape
+    out = torch.zeros(batch, num_heads, fmt.kv_lora_rank, dtype=torch.float32, device=q.device)
+    for request in range(batch):
+        length = int(seq_lens[request])
+        if length == 0:
+            continue
+        positions = torch.arange(length, device=q.device)
+        k = keys[block_table[request, positions // block_size].long(), positions % block_size]  # [L, R + P]
+        probs = torch.softmax((q[request].float() @ k.T) * scale, dim=-1)  # [heads, L]
+        out[request] = probs @ k[:, :fmt.kv_lora_rank]
+    return out.to(q.dtype)
