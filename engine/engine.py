@@ -94,6 +94,7 @@ class Engine:
         result = RunResult()
         pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.request_id)))
         sequences = {}
+        preemptions_before = self.scheduler.num_preemptions
         step, start = 0, time.perf_counter()
         while pending or self.scheduler.has_work:
             while pending and pending[0].arrival_step <= step:
@@ -104,7 +105,7 @@ class Engine:
                 continue
             batch = self.scheduler.schedule(step)
             if batch is None:
-                raise RuntimeError("the scheduler made no progress")  # admission rules make this unreachable
+                raise RuntimeError("the scheduler made no progress")  # preemption makes this unreachable
             sampled = self.execute(batch)
             self.scheduler.update(batch, sampled)
             if sampled and result.first_token_seconds is None:
@@ -117,7 +118,10 @@ class Engine:
                                                      "tokens": batch.num_tokens}
             step += 1
         result.seconds = time.perf_counter() - start
-        result.outputs = [sequences[r.request_id].output for r in sorted(requests, key=lambda r: r.request_id)]
+        ordered = [sequences[r.request_id] for r in sorted(requests, key=lambda r: r.request_id)]
+        result.outputs = [seq.output for seq in ordered]
+        result.request_preemptions = [seq.num_preemptions for seq in ordered]
+        result.preemptions = self.scheduler.num_preemptions - preemptions_before
         return result
 
 
@@ -133,6 +137,8 @@ class RunResult:
     seconds: float = 0.0
     first_token_seconds: float | None = None
     first_seen: dict[str, dict] = field(default_factory=dict)  # cache hash -> first step that launched it
+    preemptions: int = 0  # preemption events in this run
+    request_preemptions: list[int] = field(default_factory=list)  # times each request was preempted, id order
 
     @property
     def generated_tokens(self) -> int:
