@@ -20,6 +20,7 @@ from .graphs import DecodeGraphs, is_graph_step
 from .kv import BlockAllocator, KVCache
 from .model import Model, StepInputs
 from .ops import as_int32, get_ops
+from .platform_defaults import capture_sizes
 from .scheduler import Request, ScheduledBatch, Scheduler
 from .weights import load_weights, random_weights
 
@@ -35,15 +36,17 @@ class Engine:
             weights = random_weights(config.model, config.dtype, self.device, config.seed)
         self.model = Model(config, weights, self.ops, self.device)
         # CUDA graphs of decode steps: a GPU and the Triton ops (the references read values on the
-        # host, which a graph cannot hold). One KV block past the allocator's is the padding rows' scratch.
-        use_graphs = bool(config.cuda_graph_batch_sizes) and self.device.type == "cuda" and mode == "triton"
+        # host, which a graph cannot hold), at the config's sizes or this GPU's defaults. One KV block
+        # past the allocator's is the padding rows' scratch.
+        sizes = capture_sizes(config) if self.device.type == "cuda" and mode == "triton" else ()
+        use_graphs = bool(sizes)
         kv_config = dataclasses.replace(config, num_blocks=config.num_blocks + 1) if use_graphs else config
         self.kv = KVCache(kv_config, self.device)
         self.allocator = BlockAllocator(config.num_blocks)
         self.scheduler = Scheduler(config, self.allocator)
         self.graphs = None
         if use_graphs:
-            self.graphs = DecodeGraphs(self.model, self.kv.layers, config.cuda_graph_batch_sizes,
+            self.graphs = DecodeGraphs(self.model, self.kv.layers, sizes,
                                        config.max_blocks_per_request, config.num_blocks, self.device)
 
     def capture_graphs(self) -> int:
