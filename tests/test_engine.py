@@ -4,6 +4,7 @@ invariants, configs, weights files, metrics and the ``engine run`` command."""
 import dataclasses
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -393,6 +394,20 @@ def test_engine_run_command_json_and_metrics(engine_cli, tmp_path, capsys):
         engine_cli(["engine", "run", "--dry-run"])
     with pytest.raises(ValueError, match="needs --mode triton"):
         engine_cli(["engine", "run", "--dry-run", "--target", "sm90", "--mode", "reference", "--jit-policy", "off"])
+
+
+def test_the_documented_exposition_is_what_engine_run_writes(engine_cli, tmp_path, monkeypatch):
+    """docs/scheduling.md shows a run under KV pressure and its preemption metrics: the same command
+    writes the same lines (the client's ``_created`` timestamps aside)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scheduling.md").read_text()
+    command = re.search(r"^tritonwarm (engine run --config pressed.yaml .*)$", page, re.M).group(1).split()
+    documented = re.search(r"```text\n(.*?)```", page, re.S).group(1).splitlines()
+    (tmp_path / "pressed.yaml").write_text("preset: tiny\nnum_blocks: 4\n")
+    monkeypatch.chdir(tmp_path)
+    assert engine_cli(command) == 0
+    written = [line for line in (tmp_path / "metrics.prom").read_text().splitlines()
+               if "preemptions" in line and "_created" not in line]
+    assert written == documented
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -4,6 +4,7 @@ and the warm-up plan tracing exactly the decode sizes a target captures."""
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 from tritonwarm.engine import platform_defaults as pd
@@ -108,3 +109,12 @@ def test_the_plan_traces_exactly_the_decode_sizes_its_target_captures(name):
     traced = _decode_sizes(row.split(" ", 1)[1] for v in the_plan.variants.values() for row in v.rows)
     assert traced == set(sizes) | classes
     assert max(traced) == pd.platform_defaults(target).max_capture_size
+
+
+def test_the_python_example_of_docs_scheduling_runs(capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scheduling.md").read_text()
+    blocks = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", page, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/scheduling.md", "exec"), {})
+    assert capsys.readouterr().out == "(1, 2, 4, 8, 16, 24)\n"
