@@ -31,14 +31,16 @@ from _common import save_json, table  # noqa: E402
 
 
 def sized_config(base, concurrency: int, prompt: int, max_tokens: int):
-    """``base`` with room for ``concurrency`` requests running at once."""
+    """``base`` with room for ``concurrency`` requests running at once (and a decode graph of that
+    many: the platform's sizes end at the batch limit, a config's own get it added)."""
     per_request = -(-(prompt + max_tokens) // base.block_size)
+    sizes = base.cuda_graph_batch_sizes
     return dataclasses.replace(
         base, max_batch_size=max(base.max_batch_size, concurrency),
         max_num_tokens=max(base.max_num_tokens, concurrency),
         num_blocks=max(base.num_blocks, concurrency * per_request),
         max_model_len=max(base.max_model_len, prompt + max_tokens),
-        cuda_graph_batch_sizes=tuple(sorted({*base.cuda_graph_batch_sizes, concurrency} - {0})),
+        cuda_graph_batch_sizes=None if sizes is None else tuple(sorted({*sizes, concurrency} - {0})),
     )
 
 

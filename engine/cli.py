@@ -37,7 +37,7 @@ def add_engine_parser(subparsers) -> None:
     run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
                                          "or the user cache dir)")
     run.add_argument("--record", metavar="FILE", help="write the dispatch record (JSONL) here")
-    run.add_argument("--metrics", metavar="FILE", help="write Prometheus counters (text format) here")
+    run.add_argument("--metrics", metavar="FILE", help="write Prometheus metrics (text format) here")
     run.add_argument("--kv-memory-gib", type=float, metavar="GIB",
                      help="also report how many tokens a KV cache of this many GiB holds in the config's format")
     run.add_argument("--json", action="store_true", help="machine-readable output")
@@ -97,7 +97,7 @@ def cmd_engine_run(args) -> int:
     summary = {
         "config": config.model.name, "mode": args.mode, "target": report.target, "dry_run": report.dry_run,
         "requests": len(requests), "generated_tokens": result.generated_tokens, "steps": result.steps,
-        "seconds": round(result.seconds, 3),
+        "preemptions": result.preemptions, "seconds": round(result.seconds, 3),
         "tokens_per_second": round(result.generated_tokens / result.seconds, 2) if result.seconds else None,
         "serve_compiles": report.serve_compiles, "serve_compile_seconds": round(monitor.compile_seconds, 3),
         "cache_hits": monitor.hits, "cache_misses": len(monitor.misses),
@@ -112,7 +112,8 @@ def cmd_engine_run(args) -> int:
             print(f"request {request.request_id}: prompt {len(request.prompt)} tokens, arrived at step "
                   f"{request.arrival_step}: {output}")
         fake = " (fake tokens: dry run)" if report.dry_run else ""
-        print(f"{summary['generated_tokens']} tokens{fake} in {summary['steps']} steps, {summary['seconds']} s "
+        print(f"{summary['generated_tokens']} tokens{fake} in {summary['steps']} steps "
+              f"({summary['preemptions']} preemptions), {summary['seconds']} s "
               f"({summary['tokens_per_second']} tokens/s); compiles at serving time: {summary['serve_compiles']} "
               f"({summary['serve_compile_seconds']} s); cache hits {summary['cache_hits']}, "
               f"misses {summary['cache_misses']}")

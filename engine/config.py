@@ -130,7 +130,8 @@ class EngineConfig:
     moe_tile_configs: str | None = None
     # Decode batch sizes captured as CUDA graphs at start-up (GPU only; part of the warm-up plan). A
     # decode step of n requests replays the smallest size >= n; larger and mixed steps run eagerly.
-    cuda_graph_batch_sizes: tuple[int, ...] = ()
+    # None: the target's defaults (platform_defaults.py); () captures none.
+    cuda_graph_batch_sizes: tuple[int, ...] | None = None
     # How the MLA latent cache stores a token: "auto" (``dtype``) or a quantized DS-MLA format
     # (launchers/kv_cache_formats.py: fp8_ds_mla, nvfp4_ds_mla).
     kv_cache_dtype: str = "auto"
@@ -143,13 +144,14 @@ class EngineConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         sizes = self.cuda_graph_batch_sizes
-        if not isinstance(sizes, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool)
-                                                            for b in sizes):
-            raise ValueError(f"cuda_graph_batch_sizes must be a list of integers, got {sizes!r}")
-        if any(b < 1 or b > self.max_batch_size for b in sizes):
-            raise ValueError(f"cuda_graph_batch_sizes {list(sizes)} must lie in 1..max_batch_size "
-                             f"({self.max_batch_size})")
-        object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
+        if sizes is not None:
+            if not isinstance(sizes, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool)
+                                                                for b in sizes):
+                raise ValueError(f"cuda_graph_batch_sizes must be a list of integers or null, got {sizes!r}")
+            if any(b < 1 or b > self.max_batch_size for b in sizes):
+                raise ValueError(f"cuda_graph_batch_sizes {list(sizes)} must lie in 1..max_batch_size "
+                                 f"({self.max_batch_size})")
+            object.__setattr__(self, "cuda_graph_batch_sizes", tuple(sorted(set(sizes))))
         if self.moe_tile_configs is not None:
             load_tile_table(self.moe_tile_configs)  # a bad table is named now, not at the first MoE layer
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -165,12 +167,12 @@ class EngineConfig:
         return -(-self.max_model_len // self.block_size)
 
 
+# Decode graph sizes: the target's (tiny: 1, 2, 4; deepseek-v2-lite: 1, 2, 4, 8, 16, 24, 32 on a GPU).
 ENGINES = {
     "tiny": EngineConfig(MODELS["tiny"], max_batch_size=4, max_num_tokens=32, block_size=16, num_blocks=32,
-                         max_model_len=128, dtype=torch.float32, cuda_graph_batch_sizes=(1, 2, 4)),
+                         max_model_len=128, dtype=torch.float32),
     "deepseek-v2-lite": EngineConfig(MODELS["deepseek-v2-lite"], max_batch_size=32, max_num_tokens=1024,
-                                     block_size=64, num_blocks=2048, max_model_len=4096, dtype=torch.bfloat16,
-                                     cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 24, 32)),
+                                     block_size=64, num_blocks=2048, max_model_len=4096, dtype=torch.bfloat16),
 }
 
 
@@ -220,7 +222,8 @@ def engine_config_from_dict(data: dict, where: str = "config") -> EngineConfig:
     if base:
         values["dtype"] = base.dtype
     values.update(data)
-    if base and "cuda_graph_batch_sizes" not in data:  # the preset's sizes, within this batch limit
+    if base and "cuda_graph_batch_sizes" not in data and base.cuda_graph_batch_sizes is not None:
+        # the preset's own sizes, within this batch limit
         limit = values.get("max_batch_size", base.max_batch_size)
         values["cuda_graph_batch_sizes"] = tuple(b for b in base.cuda_graph_batch_sizes if b <= limit)
     model_config = _model_from(model, where)

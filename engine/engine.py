@@ -20,6 +20,7 @@ from .graphs import DecodeGraphs, is_graph_step
 from .kv import BlockAllocator, KVCache
 from .model import Model, StepInputs
 from .ops import as_int32, get_ops
+from .platform_defaults import capture_sizes
 from .scheduler import Request, ScheduledBatch, Scheduler
 from .weights import load_weights, random_weights
 
@@ -35,15 +36,17 @@ class Engine:
             weights = random_weights(config.model, config.dtype, self.device, config.seed)
         self.model = Model(config, weights, self.ops, self.device)
         # CUDA graphs of decode steps: a GPU and the Triton ops (the references read values on the
-        # host, which a graph cannot hold). One KV block past the allocator's is the padding rows' scratch.
-        use_graphs = bool(config.cuda_graph_batch_sizes) and self.device.type == "cuda" and mode == "triton"
+        # host, which a graph cannot hold), at the config's sizes or this GPU's defaults. One KV block
+        # past the allocator's is the padding rows' scratch.
+        sizes = capture_sizes(config) if self.device.type == "cuda" and mode == "triton" else ()
+        use_graphs = bool(sizes)
         kv_config = dataclasses.replace(config, num_blocks=config.num_blocks + 1) if use_graphs else config
         self.kv = KVCache(kv_config, self.device)
         self.allocator = BlockAllocator(config.num_blocks)
         self.scheduler = Scheduler(config, self.allocator)
         self.graphs = None
         if use_graphs:
-            self.graphs = DecodeGraphs(self.model, self.kv.layers, config.cuda_graph_batch_sizes,
+            self.graphs = DecodeGraphs(self.model, self.kv.layers, sizes,
                                        config.max_blocks_per_request, config.num_blocks, self.device)
 
     def capture_graphs(self) -> int:
@@ -94,6 +97,7 @@ class Engine:
         result = RunResult()
         pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.request_id)))
         sequences = {}
+        preemptions_before = self.scheduler.num_preemptions
         step, start = 0, time.perf_counter()
         while pending or self.scheduler.has_work:
             while pending and pending[0].arrival_step <= step:
@@ -104,7 +108,7 @@ class Engine:
                 continue
             batch = self.scheduler.schedule(step)
             if batch is None:
-                raise RuntimeError("the scheduler made no progress")  # admission rules make this unreachable
+                raise RuntimeError("the scheduler made no progress")  # preemption makes this unreachable
             sampled = self.execute(batch)
             self.scheduler.update(batch, sampled)
             if sampled and result.first_token_seconds is None:
@@ -117,7 +121,10 @@ class Engine:
                                                      "tokens": batch.num_tokens}
             step += 1
         result.seconds = time.perf_counter() - start
-        result.outputs = [sequences[r.request_id].output for r in sorted(requests, key=lambda r: r.request_id)]
+        ordered = [sequences[r.request_id] for r in sorted(requests, key=lambda r: r.request_id)]
+        result.outputs = [seq.output for seq in ordered]
+        result.request_preemptions = [seq.num_preemptions for seq in ordered]
+        result.preemptions = self.scheduler.num_preemptions - preemptions_before
         return result
 
 
@@ -133,6 +140,8 @@ class RunResult:
     seconds: float = 0.0
     first_token_seconds: float | None = None
     first_seen: dict[str, dict] = field(default_factory=dict)  # cache hash -> first step that launched it
+    preemptions: int = 0  # preemption events in this run
+    request_preemptions: list[int] = field(default_factory=list)  # times each request was preempted, id order
 
     @property
     def generated_tokens(self) -> int:

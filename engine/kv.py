@@ -20,7 +20,8 @@ from .config import EngineConfig
 
 
 class OutOfBlocks(RuntimeError):
-    """More blocks asked for than are free: the scheduler's admission check prevents it."""
+    """More blocks asked for than are free. The scheduler preempts before it asks, so it raises this
+    only for a request that is alone and still short of blocks (an allocator smaller than its config)."""
 
 
 class BlockAllocator:

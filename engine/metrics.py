@@ -1,4 +1,4 @@
-"""The counters a service exports about compiles, in Prometheus' text format.
+"""The counters a service exports about compiles and scheduling, in Prometheus' text format.
 
 A registry of its own (never the process-global one), so several engines, or tests, never mix
 their counts.
@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+# Preemptions per finished request: 0 has a bucket of its own (most requests are never preempted),
+# then a 1-2-5 series; +Inf is added by the client. Sorted, unique, finite bounds: what exporters accept.
+PREEMPTION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500)
 
 
 class EngineMetrics:
@@ -26,6 +30,10 @@ class EngineMetrics:
         self.launches = Counter("tritonwarm_kernel_launches", "Kernel launches", ["kernel"], registry=r)
         self.steps = Counter("tritonwarm_engine_steps", "Engine steps", registry=r)
         self.tokens = Counter("tritonwarm_engine_generated_tokens", "Tokens generated", registry=r)
+        self.preemptions = Counter("tritonwarm_engine_preemptions", "Preemption events: a running request's "
+                                   "KV freed to make room, recomputed on readmission", registry=r)
+        self.request_preemptions = Histogram("tritonwarm_request_preemptions", "Preemptions of each finished "
+                                             "request", buckets=PREEMPTION_BUCKETS, registry=r)
 
     def observe(self, report) -> None:
         """Add one finished run (a ``runner.ServeReport``)."""
@@ -39,6 +47,9 @@ class EngineMetrics:
             self.launches.labels(kernel=kernel.rsplit(".", 1)[-1]).inc(count)
         self.steps.inc(report.result.steps)
         self.tokens.inc(report.result.generated_tokens)
+        self.preemptions.inc(report.result.preemptions)
+        for count in report.result.request_preemptions:
+            self.request_preemptions.observe(count)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

@@ -25,6 +25,7 @@ from ..jit.plan import Plan, trace_rows
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
 from .model import plan_token_counts
+from .platform_defaults import for_target
 from .scheduler import Request, ScheduledBatch, Sequence
 
 log = logging.getLogger("tritonwarm")
@@ -34,8 +35,8 @@ IMPORT_PATH = "tritonwarm.engine.ops"  # defines every kernel the engine launche
 def engine_plan(config: str | Path | EngineConfig, target: str | Target) -> Plan:
     """Every variant the engine of ``config`` launches on ``target``; nothing is compiled."""
     source = config if isinstance(config, (str, Path)) else None
-    config = load_engine_config(config)
     target = resolve_target(target) if isinstance(target, str) else target
+    config = for_target(load_engine_config(config), target)  # the target's capture sizes, where unset
     engine = Engine(config, "triton", "meta")
     name = config.model.name
     steps = ((f"engine:{name} {label}", lambda batch=batch: engine.execute(batch))
@@ -68,8 +69,9 @@ def representative_steps(config: EngineConfig):
     token_counts = sorted(set(class_reps(1, config.max_num_tokens).values()) | set(plan_token_counts(config)))
     request_counts = sorted(set(class_reps(1, config.max_batch_size).values()))
     pairs = [(t, b) for t in token_counts for b in request_counts if b <= t]
-    # each captured decode size is a step of its own (graph capture at start-up launches exactly it)
-    pairs += [(b, b) for b in config.cuda_graph_batch_sizes if (b, b) not in pairs]
+    # each captured decode size is a step of its own (graph capture at start-up launches exactly it);
+    # a config left to its platform's sizes is resolved for the target first (``engine_plan``)
+    pairs += [(b, b) for b in config.cuda_graph_batch_sizes or () if (b, b) not in pairs]
     next_block = iter(range(10**9))
     for tokens, requests in pairs:
         work, new_blocks = [], []

@@ -17,6 +17,7 @@ from ..jit.monitor import DispatchMonitor
 from .config import EngineConfig
 from .engine import Engine, RunResult
 from .plan import startup_check
+from .platform_defaults import for_target
 from .scheduler import Request
 
 
@@ -80,6 +81,7 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
         raise ValueError("--dry-run traces the Triton kernels: it needs --mode triton")
     gpu = torch.cuda.is_available() and not dry_run
     target = resolve_target(dry_run_target) if dry_run else (local_target() if gpu and mode == "triton" else None)
+    config = for_target(config, target)  # the sizes the start-up check, the plan and capture all use
     if target is not None and not dry_run:  # Triton compiles what it misses, and would repoint those groups here
         refuse_if_served_elsewhere(cache_dir)
     missing = startup_check(config, target, cache_dir, policy) if target is not None and policy != "off" else []

@@ -42,6 +42,17 @@ class Target:
     def binary_ext(self) -> str:
         return "cubin" if self.is_nvidia else "hsaco"
 
+    @property
+    def family(self) -> str:
+        """The GPU generation (``hopper``, ``blackwell``, ``cdna3``, ...): what per-generation defaults
+        are keyed by; a target of no known generation is its backend's name (``cuda``, ``hip``)."""
+        known = FAMILIES.get(self.name)
+        if known is not None:
+            return known
+        if self.is_nvidia:
+            return _CUDA_MAJOR_FAMILIES.get(int(self.arch) // 10, "cuda")
+        return next((f for prefix, f in _HIP_PREFIX_FAMILIES if str(self.arch).startswith(prefix)), "hip")
+
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -57,6 +68,16 @@ TARGETS: dict[str, Target] = {
         Target("gfx950", "hip", "gfx950", 64),
     )
 }
+
+
+# The generation of each target in the table; other archs by their major version (sm87 ampere, sm103
+# blackwell) or their gfx prefix.
+FAMILIES: dict[str, str] = {
+    "sm80": "ampere", "sm86": "ampere", "sm89": "ada", "sm90": "hopper", "sm100": "blackwell",
+    "sm120": "blackwell-rtx", "gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4",
+}
+_CUDA_MAJOR_FAMILIES = {8: "ampere", 9: "hopper", 10: "blackwell", 11: "blackwell", 12: "blackwell-rtx"}
+_HIP_PREFIX_FAMILIES = (("gfx90a", "cdna2"), ("gfx94", "cdna3"), ("gfx95", "cdna4"))
 
 
 def target_from_gpu_target(gpu: GPUTarget) -> Target:

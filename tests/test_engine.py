@@ -4,6 +4,7 @@ invariants, configs, weights files, metrics and the ``engine run`` command."""
 import dataclasses
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -89,39 +90,49 @@ def _check_invariants(scheduler: Scheduler, allocator: BlockAllocator):
     for seq in live:
         assert all(owners[b] == seq.request_id for b in seq.block_table)
         assert len(seq.block_table) * scheduler.config.block_size >= seq.num_computed
+    for seq in scheduler.waiting:  # waiting (never admitted, or preempted): no KV, no blocks
+        assert not seq.block_table and seq.num_computed == 0
     assert allocator.num_free + len(owners) == allocator.num_blocks
+    assert len(set(allocator._free)) == allocator.num_free and not set(allocator._free) & set(owners)
 
 
-def _drive(config, requests, fake_token=lambda seq: 7):
+def _drive(config, requests, fake_token=lambda seq: 7, admission="preempt"):
     """Run the scheduler with a stand-in model; check the invariants after every step."""
     allocator = BlockAllocator(config.num_blocks)
-    scheduler = Scheduler(config, allocator)
+    scheduler = Scheduler(config, allocator, admission)
     steps, pending = [], sorted(requests, key=lambda r: r.arrival_step)
     step = 0
     while pending or scheduler.has_work:
+        assert step < 1000, "no progress"
         while pending and pending[0].arrival_step <= step:
             scheduler.add(pending.pop(0))
         batch = scheduler.schedule(step)
         if batch is not None:
             assert batch.num_tokens <= config.max_num_tokens
             assert len(batch.work) <= config.max_batch_size
+            assert len(set(batch.new_blocks)) == len(batch.new_blocks)
+            assert all(allocator.owners()[b] in {s.request_id for s, _ in batch.work} for b in batch.new_blocks)
             sampled = {seq.request_id: fake_token(seq) for seq, n in batch.work
                        if seq.num_computed + n == len(seq.tokens)}
             steps.append(([(seq.request_id, n) for seq, n in batch.work],
                           sorted(s.request_id for s in scheduler.waiting)))
             scheduler.update(batch, sampled)
+        elif scheduler.running:
+            pytest.fail(f"step {step}: requests running and nothing scheduled")
         _check_invariants(scheduler, allocator)
         step += 1
     assert allocator.num_free == config.num_blocks and not allocator.owners()  # every block freed
     return scheduler, steps
 
 
-def test_scheduler_invariants_and_a_request_that_does_not_fit_waits():
+def test_reserve_admission_makes_a_request_that_does_not_fit_wait():
+    """The rule before preemption (``admission="reserve"``, kept for the benchmark): a request is
+    admitted only when its whole length fits beside what running requests may still claim."""
     config = dataclasses.replace(TINY, num_blocks=4, max_num_tokens=16, max_batch_size=4)
     big = Request(0, [1] * 40, 5)  # 44 cached tokens at most: 3 of the 4 blocks
     tiny = Request(1, [1] * 3, 2, arrival_step=1)  # 1 block: fits beside the big one
     small = Request(2, [1] * 20, 4, arrival_step=2)  # 2 blocks: must wait until the big one is done
-    scheduler, steps = _drive(config, [big, tiny, small])
+    scheduler, steps = _drive(config, [big, tiny, small], admission="reserve")
     assert [seq.request_id for seq in scheduler.finished] == [1, 0, 2]
     # The 40-token prompt went in chunks within the 16-token budget, then one token per step.
     assert [n for work, _ in steps for rid, n in work if rid == 0] == [16, 16, 8, 1, 1, 1, 1]
@@ -129,6 +140,109 @@ def test_scheduler_invariants_and_a_request_that_does_not_fit_waits():
     assert all(2 not in ids for ids in with_big) and any(1 in ids for ids in with_big)
     assert any(2 in waiting for _, waiting in steps)
     assert all(len(seq.output) == seq.request.max_tokens for seq in scheduler.finished)
+    assert scheduler.num_preemptions == 0
+
+
+def test_under_pressure_the_newest_request_is_preempted_and_recomputed():
+    config = dataclasses.replace(TINY, block_size=4, num_blocks=4, max_num_tokens=16, max_batch_size=4)
+    allocator = BlockAllocator(config.num_blocks)
+    scheduler = Scheduler(config, allocator)
+    a, b, c = (scheduler.add(Request(i, [i + 1] * n, 8)) for i, n in enumerate([4, 4, 8]))
+    batch = scheduler.schedule(0)  # all three fit now (1 + 1 + 2 blocks): nothing is reserved
+    assert [(s.request_id, n) for s, n in batch.work] == [(0, 4), (1, 4), (2, 8)] and allocator.num_free == 0
+    scheduler.update(batch, {0: 10, 1: 11, 2: 12})
+    c_blocks = list(c.block_table)
+    # a's and b's next tokens start new blocks: c, the newest, gives its two back and waits first in line
+    batch = scheduler.schedule(1)
+    assert [(s.request_id, n) for s, n in batch.work] == [(0, 1), (1, 1)]
+    assert sorted(batch.new_blocks) == sorted(c_blocks)
+    assert scheduler.running == [a, b] and list(scheduler.waiting) == [c]
+    assert c.tokens == [3] * 8 + [12] and c.num_computed == 0 and not c.block_table  # its token kept
+    assert (c.num_preemptions, scheduler.num_preemptions) == (1, 1)
+    _check_invariants(scheduler, allocator)
+    scheduler.update(batch, {0: 10, 1: 11})
+    # once the others finish, c comes back and prefills its prompt and its generated token again
+    a.request.max_tokens = b.request.max_tokens = 3
+    finished = scheduler.update(scheduler.schedule(2), {0: 10, 1: 11})
+    assert finished == [a, b] and allocator.num_free == 4
+    batch = scheduler.schedule(3)
+    assert [(s.request_id, n) for s, n in batch.work] == [(2, 9)] and scheduler.running == [c]
+
+
+def test_preemption_keeps_the_batch_full_and_every_request_finishes():
+    config = dataclasses.replace(TINY, block_size=4, num_blocks=6, max_num_tokens=16, max_batch_size=4)
+    requests = [Request(i, [1] * (3 + 2 * i), 9, arrival_step=i // 2) for i in range(6)]
+    scheduler, steps = _drive(config, requests)
+    assert sorted(seq.request_id for seq in scheduler.finished) == list(range(6))
+    assert all(len(seq.output) == 9 for seq in scheduler.finished)
+    assert scheduler.num_preemptions > 0
+    assert sum(seq.num_preemptions for seq in scheduler.finished) == scheduler.num_preemptions
+    _, reserved = _drive(config, requests, admission="reserve")
+    assert len(steps) < len(reserved)  # the same work in fewer steps: more requests run at once
+    assert max(len(work) for work, _ in steps) > max(len(work) for work, _ in reserved)
+
+
+def test_a_request_that_cannot_fit_alone_is_an_error_not_a_livelock():
+    scheduler = Scheduler(TINY, BlockAllocator(TINY.num_blocks))
+    with pytest.raises(ValueError, match="can never fit"):  # refused when added
+        scheduler.add(Request(0, [1] * 100, 100))
+    # An allocator smaller than the config says (blocks held outside the scheduler): once the request
+    # is alone and still short of blocks, scheduling raises instead of preempting it forever.
+    config = dataclasses.replace(TINY, max_num_tokens=16, max_batch_size=4)
+    scheduler = Scheduler(config, BlockAllocator(2))
+    seq = scheduler.add(Request(0, [1] * 40, 2))
+    for step in range(2):  # 16 + 16 prompt tokens: two blocks
+        scheduler.update(scheduler.schedule(step), {})
+    with pytest.raises(OutOfBlocks, match="request 0 alone needs 3 blocks; the allocator has 2"):
+        scheduler.schedule(2)
+    assert seq.num_preemptions == 0
+
+
+def _pressure_workload():
+    # block_size 4: three requests of 9 to 12 tokens need up to 3 blocks each; 4 blocks hold two at once
+    rows = zip([6, 3, 7], [6, 6, 5], [0, 0, 1], strict=True)  # prompt length, max_tokens, arrival step
+    return [Request(i, _prompt(i, n), m, (), a) for i, (n, m, a) in enumerate(rows)]
+
+
+def _preemption_metrics(report) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    from tritonwarm.engine.metrics import EngineMetrics
+
+    metrics = EngineMetrics()
+    metrics.observe(report)
+    return {s.name + "".join(f"{{{k}={v}}}" for k, v in s.labels.items()): s.value
+            for family in text_string_to_metric_families(metrics.text()) for s in family.samples
+            if "preemptions" in s.name}
+
+
+def test_under_kv_pressure_every_request_finishes_with_the_tokens_of_ample_kv():
+    """Recompute is exact: requests preempted (their KV dropped, prompt + generated tokens prefilled
+    again on readmission) generate, through the kernels in Triton's interpreter, the tokens they
+    generate when the cache holds everything; the metrics count every preemption once."""
+    ample = dataclasses.replace(TINY, block_size=4, num_blocks=16, max_model_len=32)
+    requests = _pressure_workload()
+    roomy = serve(ample, requests, mode="triton")
+    pressed = serve(dataclasses.replace(ample, num_blocks=4), requests, mode="triton")
+    assert pressed.result.outputs == roomy.result.outputs
+    assert [len(o) for o in pressed.result.outputs] == [r.max_tokens for r in requests]
+    assert roomy.result.preemptions == 0 < pressed.result.preemptions
+    assert pressed.result.steps > roomy.result.steps
+    samples = _preemption_metrics(pressed)
+    assert samples["tritonwarm_request_preemptions_sum"] == samples["tritonwarm_engine_preemptions_total"] \
+        == pressed.result.preemptions
+    assert samples["tritonwarm_request_preemptions_count"] == len(requests)
+    assert samples["tritonwarm_request_preemptions_bucket{le=0.0}"] == pressed.result.request_preemptions.count(0)
+    assert samples["tritonwarm_request_preemptions_bucket{le=+Inf}"] == len(requests)
+
+
+@pytest.mark.parametrize("num_blocks", [3, 5])
+def test_recompute_is_exact_at_every_cache_size(num_blocks):
+    ample = dataclasses.replace(TINY, block_size=4, num_blocks=16, max_model_len=32)
+    requests = _pressure_workload() + [Request(3, _prompt(3, 8), 5, (), 2), Request(4, _prompt(4, 2), 9, (), 2)]
+    want = Engine(ample, "reference", "cpu").run(requests)
+    got = Engine(dataclasses.replace(ample, num_blocks=num_blocks), "reference", "cpu").run(requests)
+    assert got.outputs == want.outputs and want.preemptions == 0 < got.preemptions
+    assert sum(got.request_preemptions) == got.preemptions
 
 
 def test_stop_token_finishes_early_and_frees_blocks():
@@ -280,6 +394,20 @@ def test_engine_run_command_json_and_metrics(engine_cli, tmp_path, capsys):
         engine_cli(["engine", "run", "--dry-run"])
     with pytest.raises(ValueError, match="needs --mode triton"):
         engine_cli(["engine", "run", "--dry-run", "--target", "sm90", "--mode", "reference", "--jit-policy", "off"])
+
+
+def test_the_documented_exposition_is_what_engine_run_writes(engine_cli, tmp_path, monkeypatch):
+    """docs/scheduling.md shows a run under KV pressure and its preemption metrics: the same command
+    writes the same lines (the client's ``_created`` timestamps aside)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scheduling.md").read_text()
+    command = re.search(r"^tritonwarm (engine run --config pressed.yaml .*)$", page, re.M).group(1).split()
+    documented = re.search(r"```text\n(.*?)```", page, re.S).group(1).splitlines()
+    (tmp_path / "pressed.yaml").write_text("preset: tiny\nnum_blocks: 4\n")
+    monkeypatch.chdir(tmp_path)
+    assert engine_cli(command) == 0
+    written = [line for line in (tmp_path / "metrics.prom").read_text().splitlines()
+               if "preemptions" in line and "_created" not in line]
+    assert written == documented
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -11,7 +11,9 @@ from tritonwarm.engine.graphs import graph_size, is_graph_step, pad_step
 from tritonwarm.engine.kv import KVCache
 from tritonwarm.engine.model import StepInputs
 from tritonwarm.engine.plan import engine_plan
+from tritonwarm.engine.platform_defaults import capture_sizes
 from tritonwarm.engine.scheduler import Request, ScheduledBatch, Sequence
+from tritonwarm.jit import TARGETS
 
 TINY = ENGINES["tiny"]
 
@@ -78,7 +80,8 @@ def test_the_plan_traces_a_decode_step_of_every_declared_size():
     for v in engine_plan(config, "sm90").variants.values():
         rows.update(v.rows)
     assert "engine:tiny decode tokens=3 batch=3" in rows
-    assert {f"engine:tiny decode tokens={b} batch={b}" for b in TINY.cuda_graph_batch_sizes} <= set(
+    sizes = capture_sizes(TINY, TARGETS["sm90"])  # the preset leaves them to the target: 1, 2, 4
+    assert sizes == (1, 2, 4) and {f"engine:tiny decode tokens={b} batch={b}" for b in sizes} <= set(
         r for v in engine_plan(TINY, "sm90").variants.values() for r in v.rows)
 
 
@@ -89,7 +92,7 @@ def test_cpu_and_meta_engines_capture_nothing():
 
 @pytest.mark.parametrize("sizes, message", [([0, 2], "must lie in 1..max_batch_size"),
                                             ([1, 99], "must lie in 1..max_batch_size"),
-                                            (["a"], "list of integers")])
+                                            (["a"], "list of integers or null")])
 def test_declared_sizes_are_validated(sizes, message):
     with pytest.raises(ValueError, match=message):
         engine_config_from_dict({"preset": "tiny", "cuda_graph_batch_sizes": sizes})
