@@ -267,7 +267,7 @@ def import_roots(baseline: list[str], scratch: Path | None = None) -> list[str]:
     import site
     import sysconfig
 
-    user_path = os.environ.get(USER_PATH_ENV, "").split(os.pathsep)
+    user_path = [p for p in os.environ.get(USER_PATH_ENV, "").split(os.pathsep) if p]
     standard = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     standard |= set(site.getsitepackages()) | {site.getusersitepackages()}
     standard = {os.path.realpath(p) for p in standard if p}
