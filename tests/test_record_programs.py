@@ -194,3 +194,11 @@ def test_a_plan_names_where_its_modules_import_from(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
     [loaded] = load_specs([spec])
     assert loaded.launcher.__module__ == "rooted_ops" and sys.path[0] == str(code)
+
+
+def test_a_dry_run_writes_no_dispatch_record(tmp_path, run_cli):
+    proc = run_cli("record", "-o", tmp_path / "plan.yaml", "--target", "sm90", "--trace", tmp_path / "t.jsonl", "--",
+                   sys.executable, "-c", "pass", rc=2)
+    assert proc.stderr.strip().splitlines() == [
+        "tritonwarm: error: record: --trace records what a real run found in Triton's cache: not with --target "
+        "(a dry run launches nothing)"]
