@@ -10,12 +10,15 @@ backward, and each target (sm90, gfx942):
   SM/CU count). Plain Triton computes every key (its own binder, its ``jit_cache_hook``); nothing runs.
   An autotuned kernel counts every config (a server asks for the one it picks).
 - spec path: ``tritonwarm warmup examples/adopt_<lib>.yaml`` (``capture: all``, no glue);
-- record path: ``tritonwarm record --target T`` of that program (a dry run), then ``warmup PLAN``.
+- record path: ``tritonwarm record --target T`` of that program (a dry run on meta tensors), then
+  ``warmup PLAN``;
+- server record: the judge's own launches recorded as ``tritonwarm record`` records them on the GPU
+  server (real launches watched), then ``warmup PLAN``: the adoption loop's first step.
 
 Keys hit: the judge's keys whose entries the warmed cache holds. ``check`` is what ``tritonwarm check``
 says of the same cache: "ok" where keys are missed is a silent miss. Lines: what the user wrote
-(spec lines without comments; the record path writes none). Warm-up: wall time of the command,
-and its compile phase (``--jobs 2``).
+(spec lines without comments; a record writes none). Warm-up: wall time of one ``warmup`` of both
+targets, and its compile phase (``--jobs 2``).
 
     python -m venv --system-site-packages /tmp/adoptvenv
     /tmp/adoptvenv/bin/pip install --no-deps liger-kernel fla-core einops
@@ -49,10 +52,12 @@ def _as_on_a_gpu():
     import torch
     from torch.overrides import TorchFunctionMode
 
+    cuda = torch.device("cuda", 0)  # made before the mode: inside it ``torch.device`` is a torch function too
+
     class CudaLooking(torch.Tensor):
         @property
         def device(self):
-            return torch.device("cuda", 0)
+            return cuda
 
         @property
         def is_cuda(self):
@@ -74,6 +79,8 @@ def _as_on_a_gpu():
 
     class OnCpu(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.device:  # host code naming the device it asked for: cuda
+                return func(*args, **(kwargs or {}))
             args = tuple(on_cpu(a) for a in args)
             kwargs = {k: on_cpu(v) for k, v in (kwargs or {}).items()}
             return looking(func(*args, **kwargs))
@@ -87,18 +94,23 @@ def _as_on_a_gpu():
         torch.cuda.device, torch.cuda.is_available = saved
 
 
-def judge(lib: str, target_name: str) -> list[list[str]]:
+def judge(lib: str, target_name: str, server_plan: str) -> list[list[str]]:
     """The keys plain Triton computes for the program's launches on ``target_name``: (kernel, cache hash,
-    entry folder, entry name) each."""
+    entry folder, entry name) each. The same launches recorded as the server would record them
+    (``tritonwarm record`` on the GPU: real launches watched) are written to ``server_plan``."""
     import importlib
 
     from tritonwarm.jit import TARGETS as ALL
+    from tritonwarm.jit.adopt.record import read_record, recording, write_plan
     from tritonwarm.jit.trace import Capture, tracing
 
     cap = Capture()
-    with tracing(cap, ALL[target_name], all_kernels=True), _as_on_a_gpu():
+    record = f"{server_plan}.jsonl"
+    with tracing(cap, ALL[target_name], all_kernels=True), _as_on_a_gpu(), recording(record):
         program = importlib.import_module(f"tritonwarm.examples.adopt_{lib}_prog")  # imports the library here
         program.run("cuda")
+    recorded = read_record(record)
+    write_plan(recorded.rows, server_plan, [f"adopt_{lib}_prog"], None, recorded.roots)
     return sorted([v.kernel, v.cache_hash, v.entry_dir, v.entry_name] for v in cap.variants.values())
 
 
@@ -120,24 +132,30 @@ def _hits(keys: list[list[str]], cache: Path) -> int:
     return sum(1 for _, _, entry_dir, name in keys if entry_files(cache, entry_dir, name) is not None)
 
 
-def _warm(spec: Path, target: str, cache: Path, env) -> tuple[float, float, str]:
+def _for_target(plan: Path, target: str) -> Path:
+    """A plan recorded for one target, warmed for that target only (``targets:``)."""
+    plan.write_text(plan.read_text() + f"targets: [{target}]\n")
+    return plan
+
+
+def _warm_and_check(sources: list[Path], targets, cache: Path, env) -> tuple[float, float, dict[str, str], str]:
+    """One warm-up of every target (``--jobs 2``): its wall time, its compile phase, what ``check`` says."""
     start = time.perf_counter()
-    proc = _cli("warmup", spec, "--target", target, "--cache-dir", cache, "--jobs", "2", "--json", env=env)
+    proc = _cli("warmup", *sources, "--target", ",".join(targets), "--cache-dir", cache, "--jobs", "2", "--json",
+                env=env)
     wall = time.perf_counter() - start
     try:
-        compile_seconds = json.loads(proc.stdout)["seconds"]
+        compile_seconds, note = json.loads(proc.stdout)["seconds"], ""
     except (ValueError, KeyError):
-        return wall, float("nan"), f"warmup failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}"
-    return wall, compile_seconds, "" if proc.returncode == 0 else "warm-up reported problems"
-
-
-def _check(spec: Path, target: str, cache: Path, env) -> str:
-    proc = _cli("check", spec, "--target", target, "--cache-dir", cache, "--json", env=env)
+        compile_seconds, note = float("nan"), (proc.stderr.strip().splitlines() or ["warm-up failed"])[-1]
+    checked = _cli("check", *sources, "--target", ",".join(targets), "--cache-dir", cache, "--json", env=env)
+    says = {}
     try:
-        report = json.loads(proc.stdout)["targets"][0]
-    except (ValueError, KeyError, IndexError):
-        return "error"
-    return "ok" if not report["missing"] else f"{len(report['missing'])} missing"
+        for report in json.loads(checked.stdout)["targets"]:
+            says[report["target"]] = "ok" if not report["missing"] else f"{len(report['missing'])} missing"
+    except (ValueError, KeyError):
+        pass
+    return wall, compile_seconds, says, note
 
 
 def table(libs, targets) -> list[dict]:
@@ -147,45 +165,54 @@ def table(libs, targets) -> list[dict]:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT.parent), os.environ.get("PYTHONPATH")]))}
         for lib in libs:
             spec = ROOT / "examples" / f"adopt_{lib}.yaml"
+            keys, sources = {}, {"spec": [spec], "record": [], "server record": []}
+            notes = {"spec": "", "record": "", "server record": ""}
             for target in targets:
-                judged = subprocess.run([sys.executable, __file__, "--judge", lib, target], capture_output=True,
-                                        text=True, env=env, timeout=600)
+                server = Path(tmp, f"{lib}-{target}.server.plan.yaml")
+                judged = subprocess.run([sys.executable, __file__, "--judge", lib, target, server],
+                                        capture_output=True, text=True, env=env, timeout=600)
                 if judged.returncode != 0:
                     raise SystemExit(f"judge {lib} {target} failed: {judged.stderr.strip().splitlines()[-1:]}")
-                keys = json.loads(judged.stdout.strip().splitlines()[-1])
+                keys[target] = json.loads(judged.stdout.strip().splitlines()[-1])
+                sources["server record"].append(_for_target(server, target))
                 plan = Path(tmp, f"{lib}-{target}.plan.yaml")
                 recorded = _cli("record", "-o", plan, "--target", target, "--", sys.executable, "-m",
                                 f"tritonwarm.examples.adopt_{lib}_prog", "--device", "meta", env=env)
-                for path, source, lines in (("spec", spec, _spec_lines(spec)), ("record", plan, 0)):
-                    cache = Path(tmp, f"{lib}-{target}-{path}")
-                    if path == "record" and recorded.returncode != 0:
-                        note = (recorded.stderr.strip().splitlines() or ["record failed"])[-1]
-                        rows.append(dict(lib=lib, target=target, path=path, requested=len(keys), hit=0, check="-",
-                                         lines=lines, wall=float("nan"), compile=float("nan"), note=note))
-                        continue
-                    wall, compile_seconds, note = _warm(source, target, cache, env)
-                    rows.append(dict(lib=lib, target=target, path=path, requested=len(keys), hit=_hits(keys, cache),
-                                     check=_check(source, target, cache, env), lines=lines, wall=wall,
-                                     compile=compile_seconds, note=note))
-                    print(_format(rows[-1]), file=sys.stderr, flush=True)
+                if plan.exists():
+                    sources["record"].append(_for_target(plan, target))
+                if recorded.returncode != 0:
+                    notes["record"] = (recorded.stderr.strip().splitlines() or ["record failed"])[-1]
+            for path, files in sources.items():
+                cache = Path(tmp, f"{lib}-{path.replace(' ', '-')}")
+                wall, compile_seconds, says, note = _warm_and_check(files, targets, cache, env) if files else (
+                    float("nan"), float("nan"), {}, "")
+                row = dict(lib=lib, path=path, lines=_spec_lines(spec) if path == "spec" else 0, wall=wall,
+                           compile=compile_seconds, note=notes[path] or note,
+                           targets={t: (_hits(keys[t], cache), len(keys[t]), says.get(t, "-")) for t in targets})
+                rows.append(row)
+                print(_format(row), file=sys.stderr, flush=True)
     return rows
 
 
-HEADER = ("| library | target | path | keys requested | keys hit | `check` says | lines written | "
-          "warm-up wall s | compile phase s |")
+def _header(targets) -> list[str]:
+    cells = ["library", "path", "lines written"]
+    cells += [c for t in targets for c in (f"{t} keys hit / requested", f"{t} `check` says")]
+    cells += ["warm-up wall s", "compile phase s"]
+    return ["| " + " | ".join(cells) + " |", "|" + "---|" * len(cells)]
 
 
 def _format(r: dict) -> str:
-    note = f" {r['note']}" if r["note"] else ""
-    return (f"| {r['lib']} | {r['target']} | {r['path']} | {r['requested']} | {r['hit']} | {r['check']} | "
-            f"{r['lines']} | {r['wall']:.1f} | {r['compile']:.1f}{note} |")
+    cells = [r["lib"], r["path"], str(r["lines"])]
+    cells += [c for hit, requested, says in r["targets"].values() for c in (f"{hit} / {requested}", says)]
+    cells += [f"{r['wall']:.1f}", f"{r['compile']:.1f}" + (f" ({r['note']})" if r["note"] else "")]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--libs", default=",".join(LIBRARIES), help=f"of {', '.join(LIBRARIES)}")
     p.add_argument("--targets", default=",".join(TARGETS))
-    p.add_argument("--judge", nargs=2, metavar=("LIB", "TARGET"), help=argparse.SUPPRESS)
+    p.add_argument("--judge", nargs=3, metavar=("LIB", "TARGET", "SERVER_PLAN"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.judge:
         print(json.dumps(judge(*args.judge)))
@@ -196,9 +223,9 @@ def main(argv=None) -> None:
             __import__(LIBRARIES[lib])
         except ImportError:
             raise SystemExit(f"{lib}: not installed here ({__doc__.split('    ')[-1].strip()})") from None
-    rows = table(libs, args.targets.split(","))
-    print(HEADER)
-    print("|" + "---|" * HEADER.count(" |"))
+    targets = args.targets.split(",")
+    rows = table(libs, targets)
+    print("\n".join(_header(targets)))
     for r in rows:
         print(_format(r))
 

@@ -2,8 +2,12 @@
 
 ``tritonwarm record -o PLAN -- python prog.py ARGS`` runs the program with Triton's ``jit_cache_hook``
 installed process-wide (a ``sitecustomize`` on the child's path calls ``install_from_env``): on a GPU
-the hook only watches; with ``--target T`` the program runs as a dry run on meta tensors under the
-target-only driver, and nothing compiles. At exit each process appends what it saw to the record.
+the hook only watches (``--trace``: and looks each variant up in Triton's cache, as the serving
+monitor does, for ``check --trace``); with ``--target T`` the program runs as a dry run on meta
+tensors under the target-only driver, and nothing compiles. At exit each process appends what it saw
+to the record, with the folders it imported from that a plain interpreter lacks.
+
+Kernels of the program's main script are named by the script's path (``scripts.py``).
 
 A recorded launch keeps what decides Triton's key and nothing of the recording machine: per
 argument its class (pointer dtype and alignment, integer class, constexpr value) and the options the
@@ -99,8 +103,6 @@ def launch_row(specialization_data: str, where: str, target, key: str | None = N
 def _importable(where: str, jit_function) -> str:
     """A kernel of the program's main script is named by the script's path: a warm-up loads it from
     there (``python -m package.module``: by the module's name)."""
-    import sys
-
     module_name, _, qualname = where.partition(":")
     if module_name != "__main__":
         return where
