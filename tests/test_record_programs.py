@@ -58,7 +58,8 @@ def torch_empty_like(x):
 """
 
 # A program as tutorials write them: its kernel in the main script, work at top level and in a main block.
-PROGRAM = MIXED_KERNEL + """
+# (Triton 3.6 compiles no keyword-only parameter: here they are ordinary ones, passed by keyword.)
+PROGRAM = MIXED_KERNEL.replace("scale=1.0, *, EXTRA", "scale=1.0, EXTRA") + """
 import argparse
 import torch
 import local_ops
