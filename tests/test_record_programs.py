@@ -203,3 +203,12 @@ def test_a_dry_run_writes_no_dispatch_record(tmp_path, run_cli):
     assert proc.stderr.strip().splitlines() == [
         "tritonwarm: error: record: --trace records what a real run found in Triton's cache: not with --target "
         "(a dry run launches nothing)"]
+
+
+def test_import_roots_that_are_not_a_list_of_folders_are_named(tmp_path):
+    from tritonwarm.jit.specs import SpecError
+
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("launcher: os.path:join\nimport_roots: lib\nargs: {}\n")
+    with pytest.raises(SpecError, match="import_roots: must be a list of folders"):
+        load_specs([spec])
