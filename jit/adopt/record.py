@@ -218,9 +218,10 @@ class _Recorder:
     """What one recorded process saw: replayable rows, launches it could not record (each message
     once, with a count), the folders its modules import from, and (``trace``) the dispatch record."""
 
-    def __init__(self, out: str, target_name: str | None):
+    def __init__(self, out: str, target_name: str | None, scratch: Path | None = None):
         self.out = out
         self.target_name = target_name
+        self.scratch = scratch  # the recorder's own folder (its sitecustomize): never an import root
         self.rows: dict[str, dict] = {}
         self.errors: Counter[str] = Counter()
         self.capture = None
@@ -256,7 +257,7 @@ class _Recorder:
                 f.write(json.dumps(row) + "\n")
             for error, count in self.errors.items():
                 f.write(json.dumps({"error": error, "count": count}) + "\n")
-            f.write(json.dumps({"roots": import_roots(self.baseline, Path(self.out).parent)}) + "\n")
+            f.write(json.dumps({"roots": import_roots(self.baseline, self.scratch)}) + "\n")
             if self.monitor is not None:
                 for line in self.monitor.dispatches.values():
                     f.write(json.dumps({"dispatch": line.to_json()}) + "\n")
@@ -287,7 +288,7 @@ def import_roots(baseline: list[str], scratch: Path | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def recording(out: str | Path, target_name: str | None = None, *, trace: bool = False):
+def recording(out: str | Path, target_name: str | None = None, *, trace: bool = False, scratch: Path | None = None):
     """Record every Triton kernel launched inside the block into ``out`` (appended at the end).
 
     ``target_name``: a dry run on fake inputs for that target, nothing compiles. Otherwise real
@@ -296,7 +297,7 @@ def recording(out: str | Path, target_name: str | None = None, *, trace: bool = 
     ``check --trace`` compares with a warmed cache."""
     from triton import knobs
 
-    recorder = _Recorder(str(out), target_name)
+    recorder = _Recorder(str(out), target_name, scratch)
     with contextlib.ExitStack() as stack:
         if target_name is None:
             from triton.runtime.driver import driver
@@ -341,7 +342,8 @@ def install_from_env() -> None:
         return
     _installed = True
     stack = contextlib.ExitStack()
-    stack.enter_context(recording(out, os.environ.get(TARGET_ENV) or None, trace=bool(os.environ.get(TRACE_ENV))))
+    stack.enter_context(recording(out, os.environ.get(TARGET_ENV) or None, trace=bool(os.environ.get(TRACE_ENV)),
+                                  scratch=Path(out).parent))
     atexit.register(stack.close)
 
 
