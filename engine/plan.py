@@ -147,6 +147,7 @@ class TraceReport:
     launched: int  # distinct variants in the record
     misses: list[dict] = field(default_factory=list)  # launched, not in the cache when launched
     unused: list[dict] = field(default_factory=list)  # warmed for the target, never launched
+    warmed_since: list[dict] = field(default_factory=list)  # missed when recorded, warmed into the cache since
 
     @property
     def ok(self) -> bool:
@@ -171,13 +172,13 @@ def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | No
     neighbours = WarmedNeighbours.of_cache(cache_dir, target, recorded=recorded)
     for line in launched:
         if not line["hit"]:
+            miss = {"id": line["variant"], "kernel": line["kernel"], "args": line["args"],
+                    "first": line.get("first"), "launches": line.get("launches", 0)}
             if line["cache_hash"] in recorded and _present(Path(cache_dir), recorded[line["cache_hash"]]):
-                why = "in the cache now: warmed after this record was written"
-            else:
-                reason = neighbours.why(line)
-                why = reason.line if reason else None
-            report.misses.append({"id": line["variant"], "kernel": line["kernel"], "args": line["args"],
-                                  "first": line.get("first"), "launches": line.get("launches", 0), "why": why})
+                report.warmed_since.append(miss)  # the manifest says a warm-up put it there: served next time
+                continue
+            reason = neighbours.why(line)
+            report.misses.append({**miss, "why": reason.line if reason else None})
     used = {line["cache_hash"] for line in launched}
     for cache_hash, entry in sorted(recorded.items()):
         if cache_hash not in used and _present(Path(cache_dir), entry):
@@ -194,7 +195,8 @@ def _present(cache_dir: Path, entry: dict) -> bool:
 
 def format_trace_report(report: TraceReport) -> list[str]:
     lines = [f"{report.target}: {'ok' if report.ok else 'MISSES'}: {report.launched} variants launched, "
-             f"{len(report.misses)} missed the cache, {len(report.unused)} warmed but never used"]
+             f"{len(report.misses)} missed the cache, {len(report.unused)} warmed but never used"
+             + (f", {len(report.warmed_since)} missed when recorded and warmed since" if report.warmed_since else "")]
     for m in report.misses:
         first = m.get("first") or {}
         where = f" first at step {first['step']} (batch={first['requests']}, tokens={first['tokens']})" if first else ""
@@ -202,6 +204,8 @@ def format_trace_report(report: TraceReport) -> list[str]:
         lines.append(f"  miss    {m['id']}  {m['kernel'].rsplit('.', 1)[-1]}{where}  {args}")
         if m.get("why"):
             lines.append(f"          {m['why']}")
+    for w in report.warmed_since:
+        lines.append(f"  warmed  {w['id']}  {w['kernel'].rsplit('.', 1)[-1]}  (missed when recorded, warmed since)")
     for u in report.unused:
         lines.append(f"  unused  {u['id']}  {u['kernel'].rsplit('.', 1)[-1]}")
     return lines

@@ -27,7 +27,7 @@ from .specialization import class_reps, fake_tensor, scalar_class
 from .targets import Target
 
 TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "targets", "axes", "groups", "filter",
-                    "args"}
+                    "args", "import_roots"}
 CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
 TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
@@ -425,6 +425,7 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     if not isinstance(kernel_path, str):
         raise loc.error((launcher_field,) if launcher_field in data else (),
                         "required: the launcher as 'module:attribute' (any function)")
+    _add_import_roots(data.get("import_roots", []), path, loc)
     launcher = _import_launcher(kernel_path, loc, launcher_field)
     capture = data.get("capture", "jitkernels")
     if capture not in CAPTURE_MODES:
@@ -632,6 +633,20 @@ def _parse_dtype(value, path, names, loc):
 
 # Plans recorded before the adoption package had its present name still replay.
 _RENAMED_MODULES = {"tritonwarm.jit.thirdparty.": "tritonwarm.jit.adopt."}
+
+
+def _add_import_roots(roots, path: Path, loc: _Located) -> None:
+    """``import_roots``: folders the launcher's modules import from (a program's own folder, what it
+    added to ``sys.path``), put first on ``sys.path`` as the program had them; relative ones are read
+    from the spec file's folder. A folder that is not there is left out: the modules may be installed."""
+    import sys
+
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise loc.error(("import_roots",), "must be a list of folders")
+    for root in reversed(roots):
+        folder = str((path.parent / root).resolve())
+        if Path(folder).is_dir() and folder not in sys.path:
+            sys.path.insert(0, folder)
 
 
 def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):

@@ -12,6 +12,8 @@ import threading
 
 from triton.runtime.jit import JITFunction
 
+from .scripts import is_script_locator, load_script
+
 _seen: dict[str, JITFunction] = {}  # locator -> kernel, for kernels defined where import cannot reach
 _seen_lock = threading.Lock()
 
@@ -61,11 +63,17 @@ def find_jit_function(where: str) -> JITFunction:
         known = _seen.get(where)
     if known is not None:
         return known
-    module_name, _, qualname = where.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
+    module_name, _, qualname = where.rpartition(":")
+    if is_script_locator(module_name):  # defined in a program's main script (``record``)
+        try:
+            module = load_script(module_name)
+        except (OSError, SyntaxError) as e:
+            raise LookupError(f"kernel {where}: cannot load the script {module_name}: {e}") from None
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
     obj = module
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
@@ -77,5 +85,7 @@ def find_jit_function(where: str) -> JITFunction:
         found = candidate if isinstance(candidate, JITFunction) else base_jit_function(candidate)
         if found is not None and found.fn.__qualname__ == qualname and found.fn.__module__ == module_name:
             return found
+    skipped = getattr(module, "__tritonwarm_skipped__", [])
     raise LookupError(f"kernel {where}: {module_name!r} defines no @triton.jit function {qualname!r} "
-                      "at module level")
+                      "at module level" + (f" (statements that failed when it was loaded: {'; '.join(skipped)})"
+                                           if skipped else ""))
