@@ -7,7 +7,6 @@ later (in another process, for another target) needs the ``JITFunction`` back. I
 
 from __future__ import annotations
 
-import importlib
 import threading
 
 from triton.runtime.jit import JITFunction
@@ -53,18 +52,35 @@ def kernel_for(jit_function: JITFunction):
     return ForeignKernel(jit_function)
 
 
-def find_jit_function(where: str) -> JITFunction:
-    """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``)."""
-    from .autotune import base_jit_function
+def forget_module(module_name: str) -> None:
+    """Forget the kernels of a module that is being imported afresh (``imports.import_for_target``)."""
+    with _seen_lock:
+        for where in [w for w in _seen if w.partition(":")[0] == module_name]:
+            del _seen[where]
 
+
+_CURRENT = object()
+
+
+def find_jit_function(where: str, target=_CURRENT) -> JITFunction:
+    """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``).
+
+    The module is imported under ``target``'s answers (by default the target being warmed or traced
+    for, if any): its kernel is then the one that target's serving process defines."""
+    from .autotune import base_jit_function
+    from .imports import current_target, import_for_target
+
+    target = current_target() if target is _CURRENT else target
+    module_name, _, qualname = where.partition(":")
     with _seen_lock:
         known = _seen.get(where)
-    if known is not None:
+    if known is not None and target is None:
         return known
-    module_name, _, qualname = where.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_for_target(module_name, target)
     except ImportError as e:
+        if known is not None:  # defined where import cannot reach (a program's main script)
+            return known
         raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
     obj = module
     for part in qualname.split("."):

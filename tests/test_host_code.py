@@ -1,0 +1,212 @@
+"""Host code of libraries tritonwarm did not write, warmed as the server runs it.
+
+Each library in ``host_code_libs/`` asks where it runs, at call time or at import time, and derives
+Triton keys from the answers. The judge is the serving process played on this machine
+(``play_server``): the module imported afresh under the target's answers, the wrapper run on REAL
+CPU tensors that host code sees on ``cuda``, Triton's own binder computing every key, Triton's cache
+manager looking it up in the warmed folder. Warm-up must leave no miss the judge sees, and ``check``
+must say ok exactly then.
+"""
+
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.adopt.play_server import playing_server
+from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
+from tritonwarm.jit.check import check
+from tritonwarm.jit.plan import plan
+from tritonwarm.jit.specs import SpecError, load_specs
+from tritonwarm.jit.warmup import warm
+
+LIBS = Path(__file__).parent / "host_code_libs"
+BOTH = ["sm90", "gfx942"]
+
+
+@pytest.fixture
+def library(tmp_path, monkeypatch):
+    """``library("device_branch")`` → the name of a fresh copy of that module under a package of its own."""
+    root = tmp_path / "libs"
+
+    def copy(name: str) -> str:
+        package = f"hostlib_{uuid.uuid4().hex[:10]}"
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+        source = LIBS / name
+        if source.is_dir():
+            shutil.copytree(source, root / package / name)
+        else:
+            shutil.copy(LIBS / f"{name}.py", root / package / f"{name}.py")
+        return f"{package}.{name}"
+
+    monkeypatch.syspath_prepend(str(root))
+    yield copy
+    for name in [n for n in sys.modules if n.startswith("hostlib_")]:
+        del sys.modules[name]
+
+
+def warm_and_check(tmp_path, spec_text: str, target_name: str):
+    """Plan, warm (and pin what the spec pins), then check, as ``warmup`` and ``check`` do."""
+    spec = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
+    spec.write_text(spec_text)
+    target, cache = TARGETS[target_name], tmp_path / "cache"
+    specs = load_specs([spec])
+    the_plan = plan(specs, target)
+    result = warm(the_plan, cache)
+    assert result.failed == 0, result.failures
+    assert not pin_winners(specs, target, cache).errors
+    report = check(the_plan, cache)
+    report.unknown_winners += probe_winners(specs, target, cache).unknown
+    return report, cache
+
+
+def judged(target_name: str, cache, module: str, call):
+    """The played server's misses for ``call(module)``, and how many launches it made."""
+    with playing_server(TARGETS[target_name], cache) as served:
+        served.call(call, served.import_module(module), served)
+    return served.misses, len(served.launches)
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_a_device_type_branch_and_an_sm_count_constexpr_take_the_gpu_path(tmp_path, library, target_name):
+    module = library("device_branch")
+    report, cache = warm_and_check(tmp_path, f"""
+launcher: {module}:scale
+capture: all
+axes:
+  n: [1000, 4096]
+args:
+  x: {{tensor: [$n], dtype: float32}}
+""", target_name)
+    assert report.ok, report.to_json()
+    sms = {"sm90": 132, "gfx942": 304}[target_name]
+    for n in (1000, 4096):
+        misses, launches = judged(target_name, cache, module, lambda m, s, n=n: m.scale(s.tensor(torch.ones(n))))
+        assert launches == 1 and misses == []
+    args = {a for v in plan(load_specs([tmp_path / next(p.name for p in tmp_path.glob("spec-*"))]),
+                            TARGETS[target_name]).variants.values() for a in v.args.values()}
+    assert {"=1024", f"={sms}"} <= args
+
+
+def test_an_import_time_probe_gives_each_targets_configs_and_its_pinned_winner_the_servers_key(tmp_path, library):
+    """One process warms sm90, then gfx942, then sm90 again: each sees the module as its server imports it."""
+    module = library("import_probe")
+    spec = f"""
+launcher: {module}:add_one
+capture: all
+config: 0
+axes:
+  n: [4096]
+args:
+  x: {{tensor: [$n], dtype: float32}}
+"""
+    for target_name in (*BOTH, "sm90"):
+        report, cache = warm_and_check(tmp_path, spec, target_name)
+        assert report.ok, report.to_json()
+        warmed = plan(load_specs(list(tmp_path.glob("spec-*.yaml"))[:1]), TARGETS[target_name]).variants.values()
+        # both of the GPU's configs warmed (the server's autotuner may pick either), none of this machine's
+        assert sorted(v.args["BLOCK"] for v in warmed) == ["=256", "=512"]
+        assert {v.num_warps for v in warmed} == ({8} if target_name == "gfx942" else {4, 8})
+    for target_name in BOTH:  # the pinned winner read (no benchmark), its variant warmed
+        misses, launches = judged(target_name, cache, module, lambda m, s: m.add_one(s.tensor(torch.zeros(4096))))
+        assert misses == [] and launches == 1
+    sys.modules.pop(module, None)  # as this machine imports it (no GPU): the list no server has
+    assert [c.kwargs["BLOCK"] for c in __import__(module, fromlist=["x"]).CONFIGS] == [64]
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_a_package_that_replaces_triton_jit_without_a_driver_hears_that_one_is_active(
+        tmp_path, library, target_name):
+    module = library("placeholder_pkg") + ".ops"
+    report, cache = warm_and_check(tmp_path, f"""
+launcher: {module}:fill
+capture: all
+axes:
+  value: [1, 7]
+args:
+  out: {{tensor: [1000], dtype: int32}}
+  value: $value
+""", target_name)
+    assert report.ok, report.to_json()
+    assert report.planned == 2
+    for value in (1, 7):
+        misses, launches = judged(target_name, cache, module,
+                                  lambda m, s, v=value: m.fill(s.tensor(torch.zeros(1000, dtype=torch.int32)), v))
+        assert misses == [] and launches == 1
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_a_library_that_asks_the_gpu_at_import_imports_and_takes_the_servers_values(
+        tmp_path, library, target_name):
+    module = library("asks_gpu_at_import")
+    report, cache = warm_and_check(tmp_path, f"""
+launcher: {module}:count
+capture: all
+args:
+  x: {{tensor: [5000], dtype: int32}}
+""", target_name)
+    assert report.ok, report.to_json()
+    assert [v.args["NEW_GPU"] for v in plan(load_specs(list(tmp_path.glob("spec-*.yaml"))),
+                                            TARGETS[target_name]).variants.values()] == ["=True"]
+    misses, launches = judged(target_name, cache, module,
+                              lambda m, s: m.count(s.tensor(torch.ones(5000, dtype=torch.int32))))
+    assert misses == [] and launches == 1
+
+
+INDEX_SPEC = """
+launcher: {module}:gather_rows
+capture: all
+args:
+  x: {{tensor: [64, 100], dtype: bfloat16}}
+  idx: {{tensor: [4], dtype: int64{values}}}
+"""
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_item_on_an_index_tensor_reads_the_values_the_spec_gives(tmp_path, library, target_name):
+    module = library("index_values")
+    report, cache = warm_and_check(tmp_path, INDEX_SPEC.format(module=module, values=", values: [0, 3, 5, 9]"),
+                                   target_name)
+    assert report.ok, report.to_json()
+    misses, launches = judged(target_name, cache, module, lambda m, s: m.gather_rows(
+        s.tensor(torch.zeros(64, 100, dtype=torch.bfloat16)), s.tensor(torch.tensor([0, 3, 5, 9]))))
+    assert misses == [] and launches == 1
+
+
+def test_without_the_values_the_error_names_the_users_line_and_the_field(tmp_path, library):
+    module = library("index_values")
+    spec = tmp_path / "index.yaml"
+    spec.write_text(INDEX_SPEC.format(module=module, values=""))
+    the_plan = plan(load_specs([spec]), TARGETS["sm90"])
+    source = sys.modules[module].__file__
+    line = next(i for i, text in enumerate(open(source), 1) if ".item()" in text)
+    assert len(the_plan.errors) == 1, the_plan.errors
+    error = the_plan.errors[0]
+    assert f"{source}:{line}: .item() reads the values of a tensor warm-up only fakes" in error
+    assert "args.idx.values" in error
+    report = check(the_plan, tmp_path / "cache")
+    assert not report.ok and report.errors == the_plan.errors  # check exits 1 naming it
+
+
+def test_values_that_do_not_fit_the_shape_are_refused_at_load(tmp_path, library):
+    module = library("index_values")
+    spec = tmp_path / "index.yaml"
+    spec.write_text(INDEX_SPEC.format(module=module, values=", values: [0, 3]"))
+    with pytest.raises(SpecError, match=r"index.yaml:\d+: args.idx.values: 2 values for a tensor of shape \[4\]"):
+        load_specs([spec])
+
+
+def test_a_capture_all_module_is_not_run_when_the_spec_is_loaded(tmp_path, library):
+    module = library("asks_gpu_at_import")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"launcher: {module}:count\ncapture: all\nargs:\n  x: {{tensor: [8], dtype: int32}}\n")
+    load_specs([spec])
+    assert module not in sys.modules
+    missing = tmp_path / "m.yaml"
+    missing.write_text(spec.read_text().replace(module, module + "_gone"))
+    with pytest.raises(SpecError, match=r"m.yaml:1: launcher: cannot import"):
+        load_specs([missing])
