@@ -699,6 +699,7 @@ class LauncherImportedPerTarget:
 
     def __init__(self, kernel_path: str, module_name: str, attr: str, where: str):
         self.kernel_path, self.module_name, self.attr, self.where = kernel_path, module_name, attr, where
+        self.__module__ = module_name  # the plan store fingerprints the launcher's package
 
     def resolve(self, target=None):
         from .adopt.imports import current_target, import_for_target

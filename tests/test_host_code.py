@@ -177,7 +177,7 @@ def test_item_on_an_index_tensor_reads_the_values_the_spec_gives(tmp_path, libra
     assert misses == [] and launches == 1
 
 
-def test_without_the_values_the_error_names_the_users_line_and_the_field(tmp_path, library):
+def test_without_the_values_the_error_names_the_users_line_and_the_field(tmp_path, library, run_cli):
     module = library("index_values")
     spec = tmp_path / "index.yaml"
     spec.write_text(INDEX_SPEC.format(module=module, values=""))
@@ -189,7 +189,12 @@ def test_without_the_values_the_error_names_the_users_line_and_the_field(tmp_pat
     assert f"{source}:{line}: .item() reads the values of a tensor warm-up only fakes" in error
     assert "args.idx.values" in error
     report = check(the_plan, tmp_path / "cache")
-    assert not report.ok and report.errors == the_plan.errors  # check exits 1 naming it
+    assert not report.ok and report.errors == the_plan.errors
+    import os
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "libs"), *sys.path])}
+    proc = run_cli("check", spec, "--target", "sm90", "--cache-dir", tmp_path / "cache", rc=1, env=env)
+    assert f"{source}:{line}: .item()" in proc.stdout and "args.idx.values" in proc.stdout
 
 
 def test_values_that_do_not_fit_the_shape_are_refused_at_load(tmp_path, library):
@@ -210,3 +215,73 @@ def test_a_capture_all_module_is_not_run_when_the_spec_is_loaded(tmp_path, libra
     missing.write_text(spec.read_text().replace(module, module + "_gone"))
     with pytest.raises(SpecError, match=r"m.yaml:1: launcher: cannot import"):
         load_specs([missing])
+
+
+def test_warmup_and_check_commands_in_worker_processes(tmp_path, library, run_cli):
+    """``warmup --jobs 2`` traces and compiles in worker processes, which import the library for
+    each target afresh; ``check`` then says ok, and the played servers of both targets hit every key."""
+    import os
+
+    module = library("import_probe")
+    spec = tmp_path / "probe.yaml"
+    spec.write_text(f"launcher: {module}:add_one\ncapture: all\nconfig: 1\n"
+                    "args:\n  x: {tensor: [4096], dtype: float32}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "libs"), *sys.path])}
+    cache = tmp_path / "cache"
+    run_cli("warmup", spec, "--target", "sm90,gfx942", "--jobs", "2", "--cache-dir", cache, rc=0, env=env)
+    proc = run_cli("check", spec, "--target", "sm90,gfx942", "--cache-dir", cache, rc=0, env=env)
+    assert "sm90: ok: 2 planned, 0 missing" in proc.stdout and "gfx942: ok: 2 planned, 0 missing" in proc.stdout
+    for target_name in BOTH:
+        misses, launches = judged(target_name, cache, module, lambda m, s: m.add_one(s.tensor(torch.zeros(4096))))
+        assert misses == [] and launches == 1
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_what_host_code_sees_of_tensors_and_the_device(target_name):
+    from triton import backends
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.amd.compiler import HIPBackend
+    from triton.runtime import driver
+    from tritonwarm.jit.adopt.imports import target_answers
+    from tritonwarm.jit.adopt.server_tensors import ServerTensor, backing_device, server_tensors
+    from tritonwarm.jit.specialization import fake_tensor
+
+    target = TARGETS[target_name]
+    before = torch.cuda.is_available, torch.version.hip
+    with target_answers(target):
+        x = ServerTensor(fake_tensor((4, 8), torch.float16, aligned=False))
+        assert (x.device, x.device.type, x.device.index, x.get_device()) == (torch.device("cuda", 0), "cuda", 0, 0)
+        assert (x.is_cuda, x.is_cpu, x.is_meta) == (True, False, False)
+        made = [torch.empty_like(x), torch.empty(3, device=x.device), x.new_zeros(2), torch.arange(3).cuda(),
+                torch.ones(2).to("cuda"), torch.zeros(2, device="cuda"), x.view(-1)[3:], x.float()]
+        assert all(isinstance(t, ServerTensor) and backing_device(t).type == "meta" for t in made)
+        assert type(torch.ones(2)) is torch.Tensor  # made on the CPU: as on the server
+        assert x.data_ptr() % 16 == 2 and made[0].data_ptr() == 0  # the unaligned view, the aligned new tensor
+        with torch.cuda.device(x.device.index):
+            torch.cuda.synchronize()
+        active = {name for name, b in backends.backends.items() if b.driver.is_active()}
+        assert active == {"nvidia" if target.is_nvidia else "amd"}
+        assert driver.active.get_current_target() == target.gpu_target
+        props = torch.cuda.get_device_properties(x.device)
+        assert (props.multi_processor_count, torch.cuda.get_device_capability()) == (
+            {"sm90": (132, (9, 0)), "gfx942": (304, (9, 4))}[target_name])
+    assert (torch.cuda.is_available, torch.version.hip) == before
+    real = torch.empty(2**20, dtype=torch.uint8)
+    for storage, view in ((real, real[16:]), (torch.empty(2**20, dtype=torch.uint8, device="meta"), None)):
+        view = storage[16:] if view is None else view
+        with server_tensors("cpu"):  # the pointer-range class follows the storage, as for a real tensor
+            assert native_specialize_impl(HIPBackend, ServerTensor(view), False, True, True)[1] == "DS"
+
+
+def test_the_docs_example_runs(tmp_path, library):
+    """docs/host-code.md: its spec warms the library, and its played server hits every key."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "host-code.md").read_text()
+    spec_text = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    python = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    module = library("index_values")
+    cache = tmp_path / "cache"
+    report, cache = warm_and_check(tmp_path, spec_text.replace("mylib.ops", module), "sm90")
+    assert report.ok, report.to_json()
+    exec(python.replace("mylib.ops", module).replace('"cache"', repr(str(cache))), {})  # noqa: S102
