@@ -59,18 +59,15 @@ def forget_module(module_name: str) -> None:
             del _seen[where]
 
 
-_CURRENT = object()
-
-
-def find_jit_function(where: str, target=_CURRENT) -> JITFunction:
+def find_jit_function(where: str, target=None) -> JITFunction:
     """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``).
 
-    The module is imported under ``target``'s answers (by default the target being warmed or traced
-    for, if any): its kernel is then the one that target's serving process defines."""
+    With ``target`` the module is imported under that target's answers (``imports.import_for_target``,
+    afresh if it was imported otherwise): its kernel is the one that target's serving process defines.
+    Without, a kernel already seen in this process, else a plain import (a running program's own)."""
     from .autotune import base_jit_function
-    from .imports import current_target, import_for_target
+    from .imports import import_for_target
 
-    target = current_target() if target is _CURRENT else target
     module_name, _, qualname = where.partition(":")
     with _seen_lock:
         known = _seen.get(where)
