@@ -704,7 +704,16 @@ class LauncherImportedPerTarget:
     def resolve(self, target=None):
         from .adopt.imports import current_target, import_for_target
 
-        module = import_for_target(self.module_name, target if target is not None else current_target())
+        target = target if target is not None else current_target()
+        try:
+            module = import_for_target(self.module_name, target)
+        except Exception as e:  # the module's own code failed at import: say which spec, module and target
+            from .adopt.server_tensors import raised_at
+
+            under = f" under {target.name}'s answers" if target is not None else ""
+            at = raised_at(e)
+            raise ImportError(f"{self.where}: importing {self.module_name}{under} failed"
+                              f"{f' at {at}' if at else ''}: {describe_error(e)}") from e
         launcher = module
         for part in self.attr.split("."):
             launcher = getattr(launcher, part, None)

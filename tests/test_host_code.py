@@ -285,3 +285,55 @@ def test_the_docs_example_runs(tmp_path, library):
     report, cache = warm_and_check(tmp_path, spec_text.replace("mylib.ops", module), "sm90")
     assert report.ok, report.to_json()
     exec(python.replace("mylib.ops", module).replace('"cache"', repr(str(cache))), {})  # noqa: S102
+
+
+def test_an_import_that_fails_names_the_spec_the_module_the_target_and_the_line(tmp_path, library):
+    module = library("fails_at_import")
+    spec = tmp_path / "f.yaml"
+    spec.write_text(f"launcher: {module}:launch\ncapture: all\nargs:\n  x: {{tensor: [8], dtype: int32}}\n")
+    [error] = plan(load_specs([spec]), TARGETS["sm90"]).errors
+    source = str(tmp_path / "libs" / module.replace(".", "/")) + ".py"
+    assert (f"{spec}:1: launcher: importing {module} under sm90's answers failed at {source}:5: "
+            "this build needs a Blackwell GPU") in error
+
+
+@pytest.mark.parametrize("target_name", BOTH)
+def test_server_tensors_get_the_keys_real_tensors_get(target_name):
+    """Every class Triton reads of a tensor (alignment; on HIP the storage's pointer range, at most
+    2 GiB or not) is the same for a warm-up ServerTensor and a real CPU tensor dressed the same way;
+    and host code sees of it what it sees of torch's own fake cuda tensors (FakeTensorMode)."""
+    import triton
+    import triton.language as tl
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from tritonwarm.jit.adopt.server_tensors import ServerTensor, plain
+    from tritonwarm.jit.specialization import cpu_twin, fake_tensor
+    from tritonwarm.jit.trace import Capture, tracing
+
+    @triton.jit
+    def copy_kernel(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+    seen = {}
+    for storage in (64, 2**31 - 1, 2**31 + 15):
+        for aligned in (True, False):
+            fake = ServerTensor(torch.empty(storage, dtype=torch.uint8, device="meta")[1 - aligned:][:16])
+            real = cpu_twin(fake)
+            assert type(real) is ServerTensor and plain(real).device.type == "cpu"
+            keys = []
+            for tensor in (fake, real):
+                cap = Capture()
+                with tracing(cap, TARGETS[target_name], all_kernels=True):
+                    copy_kernel[(1,)](tensor, 16, BLOCK=16)
+                keys.append({v.key for v in cap.variants.values()})
+            assert keys[0] == keys[1] and len(keys[0]) == 1
+            seen[storage, aligned] = keys[0]
+    assert seen[64, True] != seen[64, False]
+    assert (seen[64, True] == seen[2**31 + 15, True]) == (target_name == "sm90")  # HIP's pointer range
+    with FakeTensorMode():  # (on a CPU-only torch it makes them, but cannot even slice them)
+        theirs = torch.empty(4, 8, dtype=torch.float16, device="cuda")
+    ours = ServerTensor(fake_tensor((4, 8), torch.float16))
+    for attribute in ("device", "is_cuda", "is_cpu", "shape", "dtype"):
+        assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
+    assert (ours.stride(), ours.storage_offset(), ours.untyped_storage().nbytes()) == (
+        theirs.stride(), theirs.storage_offset(), theirs.untyped_storage().nbytes())

@@ -198,22 +198,41 @@ def _leaves(tree):
         yield tree
 
 
-_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, contextlib, os) if getattr(m, "__file__", None))
+def _internal(filename: str) -> bool:
+    """Frames of torch, Triton, tritonwarm and the standard library (not of other installed packages)."""
+    import sysconfig
+
+    import triton
+
+    if filename.startswith("<"):
+        return True
+    name = os.path.abspath(filename)
+    paths = sysconfig.get_paths()
+    packages = tuple(os.path.abspath(paths[k]) + os.sep for k in ("purelib", "platlib"))
+    stdlib = os.path.abspath(paths["stdlib"]) + os.sep
+    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+    runtime = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, triton))
+    return name.startswith((ours, *runtime)) or (name.startswith(stdlib) and not name.startswith(packages))
 
 
 def user_frame() -> str:
     """``file:line`` of the innermost frame outside torch, Triton, tritonwarm and the standard library."""
-    import triton
-
-    ours = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-    skip = (*_INTERNAL, os.path.dirname(triton.__file__) + os.sep, ours)
     frame = sys._getframe(1)
     while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(skip) and not name.startswith("<frozen"):
+        if not _internal(frame.f_code.co_filename):
             return f"{frame.f_code.co_filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
+
+
+def raised_at(error: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of ``error``'s traceback in the user's code, if any."""
+    found, tb = None, error.__traceback__
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            found = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return found
 
 
 def _data_error(what: str, server: list[ServerTensor]) -> DataDependentError:
