@@ -732,16 +732,39 @@ class LauncherImportedPerTarget:
 
 def _launcher_imported_per_target(kernel_path: str, loc: _Located, where: str) -> LauncherImportedPerTarget:
     """Checked without running the module (its import-time probes must see the target, not this machine)."""
-    import importlib.util
 
     module_name, attr = _module_and_attribute(kernel_path, loc, where)
     try:
-        found = importlib.util.find_spec(module_name)
+        found = _located(module_name)
     except (ImportError, ValueError) as e:
         raise loc.error((where,), f"cannot import {module_name!r}: {e}") from None
     if found is None:
         raise loc.error((where,), f"cannot import {module_name!r}: No module named {module_name!r}")
     return LauncherImportedPerTarget(kernel_path, module_name, attr, f"{loc.file}:{loc.line((where,))}: {where}")
+
+
+def _located(module_name: str):
+    """``module_name``'s import spec, found as ``import`` finds it (``sys.meta_path``) but without
+    running it or its parent packages (whose ``__init__`` may ask the GPU too)."""
+    import sys
+
+    path = None
+    found = None
+    parts = module_name.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None and getattr(loaded, "__spec__", None) is not None:
+            found = loaded.__spec__
+        else:
+            found = next((spec for finder in sys.meta_path if hasattr(finder, "find_spec")
+                          for spec in [finder.find_spec(name, path, None)] if spec is not None), None)
+        if found is None:
+            return None
+        path = found.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return None  # a module, not a package: it has no submodules
+    return found
 
 
 def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):

@@ -211,6 +211,14 @@ def test_a_capture_all_module_is_not_run_when_the_spec_is_loaded(tmp_path, libra
     spec.write_text(f"launcher: {module}:count\ncapture: all\nargs:\n  x: {{tensor: [8], dtype: int32}}\n")
     load_specs([spec])
     assert module not in sys.modules
+    package = library("gpu_init_pkg")  # nor the package around it, whose __init__ asks the GPU
+    inner = tmp_path / "p.yaml"
+    inner.write_text(f"launcher: {package}.ops:zero\ncapture: all\nargs:\n  out: {{tensor: [300], dtype: int32}}\n")
+    [loaded] = load_specs([inner])
+    assert package not in sys.modules
+    for target_name, major in (("sm90", 9), ("gfx942", 9), ("sm100", 10)):
+        the_plan = plan([loaded], TARGETS[target_name])
+        assert not the_plan.errors and [v.args["MAJOR"] for v in the_plan.variants.values()] == [f"={major}"]
     missing = tmp_path / "m.yaml"
     missing.write_text(spec.read_text().replace(module, module + "_gone"))
     with pytest.raises(SpecError, match=r"m.yaml:1: launcher: cannot import"):
