@@ -78,6 +78,18 @@ def import_for_target(module_name: str, target: Target | None):
         return module
 
 
+def import_afresh(module_name: str):
+    """``module_name`` run again under whatever answers are in force (a played server's), then
+    forgotten, so that warm-up's next ``import_for_target`` imports its own copy."""
+    library = _library(module_name)
+    with _lock:
+        _forget(library)
+        try:
+            return importlib.import_module(module_name)
+        finally:
+            _forget(library)
+
+
 def _forget(library: str) -> None:
     """Drop ``library``'s modules (and what tritonwarm remembered of their kernels) so the next
     import runs them again."""

@@ -13,7 +13,6 @@ benchmark (no stored winner it reads) is a miss too.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +43,9 @@ class Served:
 
     def import_module(self, name: str):
         """``name`` imported afresh under the target's answers, as the server's process imports it."""
-        from .imports import _forget, _library, _lock
+        from .imports import import_afresh
 
-        with _lock:
-            _forget(_library(name))
-            module = importlib.import_module(name)
-            _forget(_library(name))  # warm-up imports its own copy again
-        return module
+        return import_afresh(name)
 
     def tensor(self, value):
         """A real CPU tensor (lists, dicts walked) as host code on the server sees it: on ``cuda``."""
