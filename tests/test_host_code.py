@@ -345,3 +345,25 @@ def test_server_tensors_get_the_keys_real_tensors_get(target_name):
         assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
     assert (ours.stride(), ours.storage_offset(), ours.untyped_storage().nbytes()) == (
         theirs.stride(), theirs.storage_offset(), theirs.untyped_storage().nbytes())
+
+
+def test_values_from_an_expression_and_nested_lists_keep_the_layout(tmp_path):
+    from tritonwarm.jit.adopt.server_tensors import ServerTensor, plain
+
+    spec = tmp_path / "v.yaml"
+    spec.write_text("""
+launcher: tritonwarm.examples.thirdparty_ops:softmax
+capture: all
+axes:
+  last: [7, 9]
+args:
+  idx: {tensor: [3], dtype: int32, values: "$[0, 2, last]", aligned: false}
+  counts: {tensor: [2, 2], dtype: int64, values: [[1, 2], [3, 4]], stride: [1, 2]}
+""")
+    [loaded] = load_specs([spec])
+    args = [loaded.call_arguments(row.values)[1] for row in loaded.rows()]
+    assert [a["idx"].tolist() for a in args] == [[0, 2, 7], [0, 2, 9]]
+    idx, counts = args[0]["idx"], args[0]["counts"]
+    assert type(idx) is ServerTensor and idx.is_cuda and plain(idx).device.type == "cpu"
+    assert idx.storage_offset() == 1 and idx.data_ptr() % 16 != 0  # aligned: false, as for a fake
+    assert counts.stride() == (1, 2) and counts.tolist() == [[1, 2], [3, 4]]
