@@ -104,11 +104,12 @@ def triton_reads_instead(cache_dir) -> Path | None:
     return None if read == Path(cache_dir).expanduser().resolve() else read
 
 
-def find_kernel(variant: Variant) -> JitKernel:
+def find_kernel(variant: Variant, target: Target | None = None) -> JitKernel:
     if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
         from .adopt.foreign import find_jit_function, kernel_for
 
-        return kernel_for(find_jit_function(variant.jit_function))
+        # imported under the target's answers: module-level constexprs take its serving values
+        return kernel_for(find_jit_function(variant.jit_function, target))
     kernel = JitKernel.lookup(variant.kernel)
     if kernel is None and variant.import_path:
         importlib.import_module(variant.import_path.split(":")[0])
@@ -124,7 +125,7 @@ def compile_variant(variant: Variant, target: Target, cache_dir=None, *, binary_
     ``binary_only`` uses Triton's own ``store_binary_only``: the entry keeps the cubin/hsaco and its
     metadata, all the runtime loads, and drops the IR (it is not part of the cache key).
     """
-    kernel = find_kernel(variant)
+    kernel = find_kernel(variant, target)
     with target_driver(target) as fake, triton_cache_dir(cache_dir), knobs.compilation.scope():
         knobs.compilation.store_binary_only = binary_only
         try:

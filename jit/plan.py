@@ -129,7 +129,7 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     if stored is None:
         return None
     data, kernels = stored
-    if any(_source_key(name) != source_key for name, source_key in kernels.items()):
+    if any(_source_key(name, target) != source_key for name, source_key in kernels.items()):
         return None  # a kernel (or a @triton.jit function it calls) was edited
     read = data.get("environment_read") if isinstance(data, dict) else None
     if not isinstance(read, dict) or any(not isinstance(name, str) or os.environ.get(name) != value
@@ -148,16 +148,16 @@ def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
     for variant in the_plan.variants.values():
         name = variant.jit_function or variant.kernel  # "module:qualname" for a kernel of capture: all
         if name not in keys:
-            keys[name] = _source_key(name)
+            keys[name] = _source_key(name, the_plan.target)
     return keys
 
 
-def _source_key(kernel_name: str) -> str | None:
+def _source_key(kernel_name: str, target: Target | None = None) -> str | None:
     if ":" in kernel_name:
         from .adopt.foreign import find_jit_function
 
-        try:
-            return find_jit_function(kernel_name).cache_key
+        try:  # as the target's process defines it (module-level constexprs are in the key)
+            return find_jit_function(kernel_name, target).cache_key
         except LookupError:
             return None
     kernel = JitKernel.lookup(kernel_name)

@@ -109,9 +109,16 @@ def pointer_class(tensor: torch.Tensor) -> str:
 
 
 def pointer_address(tensor: torch.Tensor) -> int:
-    if tensor.device.type == "meta":
+    if _backing(tensor) == "meta":
         return tensor.storage_offset() * tensor.element_size()
     return tensor.data_ptr()
+
+
+def _backing(tensor: torch.Tensor) -> str:
+    """Where a tensor really is: a ``ServerTensor`` (host code sees ``cuda``) is meta or CPU underneath."""
+    from .adopt.server_tensors import backing_device
+
+    return backing_device(tensor).type
 
 
 def fake_tensor(shape, dtype: torch.dtype, *, stride=None, aligned: bool = True) -> torch.Tensor:
@@ -160,7 +167,7 @@ class FakePointer:
 
 def as_kernel_arg(value):
     """Meta tensors become ``FakePointer`` for Triton's specializer; everything else passes through."""
-    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+    if isinstance(value, torch.Tensor) and _backing(value) == "meta":
         return FakePointer(value.dtype, pointer_address(value), value.untyped_storage().nbytes())
     return value
 
@@ -169,9 +176,12 @@ def cpu_twin(value):
     """A real CPU tensor with a meta tensor's dtype, shape, strides, storage offset and storage size
     (lists, tuples and dicts walked); anything else unchanged. ``torch.empty`` touches no memory, so
     this is how warmed keys are compared with the keys Triton computes for real tensors."""
-    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+    if isinstance(value, torch.Tensor) and _backing(value) == "meta":
+        from .adopt.server_tensors import ServerTensor, plain
+
         elements = value.untyped_storage().nbytes() // value.element_size()
-        return torch.empty(elements, dtype=value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
+        twin = torch.empty(elements, dtype=value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
+        return ServerTensor(twin, value.arg) if isinstance(value, ServerTensor) else plain(twin)
     if isinstance(value, (list, tuple)):
         return type(value)(cpu_twin(v) for v in value)
     if isinstance(value, dict):

@@ -30,7 +30,8 @@ TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "t
                     "args", "import_roots"}
 CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
-TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when"}
+TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when", "values"}
+MAX_VALUES = 65536  # a tensor given by its values (index lists, counts) is small
 MAX_DIM = 2**62  # a fake tensor's sizes, strides and element count stay below it (torch's int64 math)
 _DIM_RANGE = "dimensions and strides are integers in [0, 2**62)"
 MAX_ENUMERATED_RANGE = 4096
@@ -262,7 +263,7 @@ class Spec:
 
     def call_arguments(self, row: dict[str, Any]) -> tuple[tuple, dict]:
         """The launcher's (args, kwargs) for one row: meta tensors, dtypes and evaluated scalars."""
-        built = _build(self.args, row)
+        built = _build(self.args, row, self.capture_all)
         return (tuple(built), {}) if isinstance(built, list) else ((), built)
 
     def pinned_config(self, row: dict[str, Any]) -> Any:
@@ -284,8 +285,10 @@ class Spec:
 
 
 class _TensorArg:
-    def __init__(self, shape, dtype, stride, aligned, when):
+    def __init__(self, shape, dtype, stride, aligned, when, values=None, path=""):
         self.shape, self.dtype, self.stride, self.aligned, self.when = shape, dtype, stride, aligned, when
+        self.values = values  # the tensor's data, for host code that reads it (.item(), .tolist(), nonzero())
+        self.path = path  # "args.idx": named when host code reads the values of a fake
 
 
 class _DtypeArg:
@@ -293,7 +296,9 @@ class _DtypeArg:
         self.dtype = dtype
 
 
-def _build(template, row):
+def _build(template, row, serving: bool = False):
+    """One row's launcher arguments. ``serving`` (``capture: all``): tensors are ``ServerTensor`` s,
+    which host code sees on ``cuda`` as on the server."""
     if isinstance(template, Expr):
         return template(row)
     if isinstance(template, _TensorArg):
@@ -302,14 +307,40 @@ def _build(template, row):
         dtype = _dtype(_build(template.dtype, row))
         shape = [int(_build(s, row)) for s in template.shape]
         stride = None if template.stride is None else [int(_build(s, row)) for s in template.stride]
-        return fake_tensor(shape, dtype, stride=stride, aligned=bool(_build(template.aligned, row)))
+        aligned = bool(_build(template.aligned, row))
+        tensor = fake_tensor(shape, dtype, stride=stride, aligned=aligned)
+        if template.values is not None:
+            tensor = tensor_with_values(tensor, _build(template.values, row))
+        if serving:
+            from .adopt.server_tensors import as_server_tensor
+
+            tensor = as_server_tensor(tensor, template.path)
+        return tensor
     if isinstance(template, _DtypeArg):
         return _dtype(_build(template.dtype, row))
     if isinstance(template, list):
-        return [_build(t, row) for t in template]
+        return [_build(t, row, serving) for t in template]
     if isinstance(template, dict):
-        return {k: _build(v, row) for k, v in template.items()}
+        return {k: _build(v, row, serving) for k, v in template.items()}
     return template
+
+
+def _flat(values) -> list:
+    if isinstance(values, (list, tuple)):
+        return [x for v in values for x in _flat(v)]
+    return [values]
+
+
+def tensor_with_values(fake: torch.Tensor, values) -> torch.Tensor:
+    """A real CPU tensor with ``fake``'s dtype, shape, strides, storage offset and storage size, holding
+    ``values`` (row-major, nested lists flattened): host code can read it; Triton sees the same layout."""
+    flat = _flat(values)
+    if len(flat) != fake.numel():
+        raise ValueError(f"{len(flat)} values for a tensor of shape {list(fake.shape)} ({fake.numel()} elements)")
+    storage = torch.zeros(fake.untyped_storage().nbytes() // fake.element_size(), dtype=fake.dtype)
+    tensor = storage.as_strided(fake.shape, fake.stride(), fake.storage_offset())
+    tensor.copy_(torch.tensor(flat, dtype=fake.dtype).reshape(fake.shape))
+    return tensor
 
 
 def _validate(template, row, loc: _Located):
@@ -327,6 +358,17 @@ def _validate(template, row, loc: _Located):
         if math.prod(shape) >= MAX_DIM:
             raise loc.error((), f"a tensor of shape {shape} has 2**62 elements or more")
         _validate(template.aligned, row, loc)
+        if template.values is not None:
+            values = _flat(_validate(template.values, row, loc))
+            path = tuple(template.path.split(".")) + ("values",)
+            if len(values) > MAX_VALUES:
+                raise loc.error(path, f"{len(values)} values: a tensor given by its values has at most {MAX_VALUES}")
+            if len(values) != math.prod(shape):
+                raise loc.error(path, f"{len(values)} values for a tensor of shape {shape} ({math.prod(shape)} "
+                                      "elements)")
+            bad = next((v for v in values if isinstance(v, str) or v is None), None)
+            if bad is not None:
+                raise loc.error(path, f"{bad!r} is not a number")
         return None
     if isinstance(template, _DtypeArg):
         return _validate_dtype(template.dtype, row, loc)
@@ -426,10 +468,13 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
         raise loc.error((launcher_field,) if launcher_field in data else (),
                         "required: the launcher as 'module:attribute' (any function)")
     _add_import_roots(data.get("import_roots", []), path, loc)
-    launcher = _import_launcher(kernel_path, loc, launcher_field)
     capture = data.get("capture", "jitkernels")
     if capture not in CAPTURE_MODES:
         raise loc.error(("capture",), f"unknown capture mode {capture!r}: choose one of {', '.join(CAPTURE_MODES)}")
+    if capture == "all":  # another package's code: imported under each target's answers, when traced
+        launcher = _launcher_imported_per_target(kernel_path, loc, launcher_field)
+    else:
+        launcher = _import_launcher(kernel_path, loc, launcher_field)
     description = data.get("description", "")
     if not isinstance(description, str):
         raise loc.error(("description",), "must be a string")
@@ -606,6 +651,9 @@ def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
                                              for i, s in enumerate(stride)],
                 _parse_template(aligned, path + ("aligned",), names, loc),
                 _parse_template(value.get("when", True), path + ("when",), names, loc),
+                None if value.get("values") is None else _parse_template(value["values"], path + ("values",),
+                                                                         names, loc),
+                ".".join(map(str, path)),
             )
             for field_name, dims in (("tensor", tensor.shape), ("stride", tensor.stride or [])):
                 for i, s in enumerate(dims):
@@ -649,13 +697,93 @@ def _add_import_roots(roots, path: Path, loc: _Located) -> None:
             sys.path.insert(0, folder)
 
 
-def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
+def _module_and_attribute(kernel_path: str, loc: _Located, where: str) -> tuple[str, str]:
     module_name, _, attr = kernel_path.partition(":")
     for old, new in _RENAMED_MODULES.items():
         if module_name.startswith(old):
             module_name = new + module_name[len(old):]
     if not module_name or not attr:
         raise loc.error((where,), f"{kernel_path!r} is not 'module:attribute'")
+    return module_name, attr
+
+
+class LauncherImportedPerTarget:
+    """A ``capture: all`` spec's launcher: its module is imported when a row is traced, under the
+    answers of the target traced for (``adopt.imports``), afresh for each target whose answers differ,
+    so import-time probes, autotune config lists and constexpr globals take that target's values."""
+
+    def __init__(self, kernel_path: str, module_name: str, attr: str, where: str):
+        self.kernel_path, self.module_name, self.attr, self.where = kernel_path, module_name, attr, where
+        self.__module__ = module_name  # the plan store fingerprints the launcher's package
+
+    def resolve(self, target=None):
+        from .adopt.imports import current_target, import_for_target
+
+        target = target if target is not None else current_target()
+        try:
+            module = import_for_target(self.module_name, target)
+        except Exception as e:  # the module's own code failed at import: say which spec, module and target
+            from .adopt.server_tensors import raised_at
+
+            under = f" under {target.name}'s answers" if target is not None else ""
+            at = raised_at(e)
+            raise ImportError(f"{self.where}: importing {self.module_name}{under} failed"
+                              f"{f' at {at}' if at else ''}: {describe_error(e)}") from e
+        launcher = module
+        for part in self.attr.split("."):
+            launcher = getattr(launcher, part, None)
+            if launcher is None:
+                raise LookupError(f"{self.where}: {self.module_name!r} has no {self.attr!r}")
+        if not callable(launcher):
+            raise LookupError(f"{self.where}: {self.kernel_path!r} is not callable")
+        return launcher
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LauncherImportedPerTarget({self.kernel_path})"
+
+
+def _launcher_imported_per_target(kernel_path: str, loc: _Located, where: str) -> LauncherImportedPerTarget:
+    """Checked without running the module (its import-time probes must see the target, not this machine)."""
+
+    module_name, attr = _module_and_attribute(kernel_path, loc, where)
+    try:
+        found = _located(module_name)
+    except (ImportError, ValueError) as e:
+        raise loc.error((where,), f"cannot import {module_name!r}: {e}") from None
+    if found is None:
+        raise loc.error((where,), f"cannot import {module_name!r}: No module named {module_name!r}")
+    return LauncherImportedPerTarget(kernel_path, module_name, attr, f"{loc.file}:{loc.line((where,))}: {where}")
+
+
+def _located(module_name: str):
+    """``module_name``'s import spec, found as ``import`` finds it (``sys.meta_path``) but without
+    running it or its parent packages (whose ``__init__`` may ask the GPU too)."""
+    import sys
+
+    path = None
+    found = None
+    parts = module_name.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        if loaded is not None and getattr(loaded, "__spec__", None) is not None:
+            found = loaded.__spec__
+        else:
+            found = next((spec for finder in sys.meta_path if hasattr(finder, "find_spec")
+                          for spec in [finder.find_spec(name, path, None)] if spec is not None), None)
+        if found is None:
+            return None
+        path = found.submodule_search_locations
+        if path is None and i < len(parts) - 1:
+            return None  # a module, not a package: it has no submodules
+    return found
+
+
+def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
+    module_name, attr = _module_and_attribute(kernel_path, loc, where)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -325,10 +325,12 @@ def target_driver(target: Target):
 def target_device_answers(target: Target):
     """Inside the block, host code asking torch about "the" GPU gets ``target``'s answers.
 
-    Covers ``torch.cuda.get_device_properties / get_device_capability / get_device_name /
-    current_device / current_stream / device_count`` and ``torch.version.hip`` / ``torch.version.cuda``
-    (``is_hip()``-style checks); Triton's own ``driver.active`` questions are answered by
-    ``TargetOnlyDriver``. Everything is put back on exit.
+    Covers ``torch.cuda.is_available / get_device_properties / get_device_capability / get_device_name /
+    current_device / current_stream / device_count / device(i)`` and ``torch.version.hip`` /
+    ``torch.version.cuda`` (``is_hip()``-style checks; Triton's backends ask ``is_available`` and
+    ``torch.version.hip`` whether their driver is active, so the target's backend answers yes);
+    Triton's own ``driver.active`` questions are answered by ``TargetOnlyDriver``. Everything is put
+    back on exit.
     """
     import torch
 
@@ -343,6 +345,14 @@ def target_device_answers(target: Target):
         "current_stream": lambda device=None: stream,
         "default_stream": lambda device=None: stream,
         "device_count": lambda: 1,
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "_lazy_init": lambda: None,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "_exchange_device": lambda device: 0,  # what ``with torch.cuda.device(i):`` calls
+        "_maybe_exchange_device": lambda device: 0,
+        "mem_get_info": lambda device=None: (props.total_memory, props.total_memory),
     }
     versions = {"hip": None if target.is_nvidia else "6.2.0", "cuda": "12.8" if target.is_nvidia else None}
     with _driver_lock:

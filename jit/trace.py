@@ -21,9 +21,9 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from .adopt.foreign import ForeignKernel, kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
-from .adopt.foreign import ForeignKernel, kernel_for
 
 
 @dataclass
@@ -172,6 +172,7 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
     packages' kernels), through Triton's own hook, with device questions answered for the target."""
     from .adopt.autotune import AutotuneState, autotune_mode
+    from .adopt.server_tensors import server_tensors
 
     state = autotune if autotune is not None else AutotuneState()
     with contextlib.ExitStack() as stack:
@@ -179,6 +180,7 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
         stack.enter_context(autotune_mode(state))
         if all_kernels:
             stack.enter_context(target_device_answers(target))
+            stack.enter_context(server_tensors("meta"))  # cuda allocations in host code: as on the server
             stack.enter_context(_hook_lock)
             previous = knobs.runtime.jit_cache_hook
             knobs.runtime.jit_cache_hook = cap.any_kernel_hook(target)

@@ -155,7 +155,7 @@ def test_a_stored_plan_is_traced_again_when_a_kernel_source_key_changed(tmp_path
     monkeypatch.setattr(planning, "_plan_spec", lambda *a: traced.append(1) or original(*a))
     plan(specs, target, cache_dir=cache)
     assert traced == []  # unchanged: read back
-    monkeypatch.setattr(planning, "_source_key", lambda name: "edited")
+    monkeypatch.setattr(planning, "_source_key", lambda name, target=None: "edited")
     plan(specs, target, cache_dir=cache)
     assert traced == [1]
 

@@ -281,8 +281,11 @@ def _materialize(value):
     """A meta tensor → a real one on the GPU with the same shape, stride, dtype and alignment."""
     import torch
 
-    if not (isinstance(value, torch.Tensor) and value.device.type == "meta"):
+    from .server_tensors import backing_device, plain
+
+    if not (isinstance(value, torch.Tensor) and backing_device(value).type == "meta"):
         return value
+    value = plain(value)
     storage = value.untyped_storage().size() // max(value.element_size(), 1)
     base = torch.zeros(max(storage, 1), dtype=value.dtype, device="cuda")
     if value.dtype.is_floating_point:

@@ -7,7 +7,6 @@ later (in another process, for another target) needs the ``JITFunction`` back. I
 
 from __future__ import annotations
 
-import importlib
 import threading
 
 from triton.runtime.jit import JITFunction
@@ -55,15 +54,27 @@ def kernel_for(jit_function: JITFunction):
     return ForeignKernel(jit_function)
 
 
-def find_jit_function(where: str) -> JITFunction:
-    """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``)."""
-    from .autotune import base_jit_function
+def forget_module(module_name: str) -> None:
+    """Forget the kernels of a module that is being imported afresh (``imports.import_for_target``)."""
+    with _seen_lock:
+        for where in [w for w in _seen if w.partition(":")[0] == module_name]:
+            del _seen[where]
 
+
+def find_jit_function(where: str, target=None) -> JITFunction:
+    """``module:qualname`` → the ``JITFunction`` (unwrapping ``@triton.autotune`` / ``@triton.heuristics``).
+
+    With ``target`` the module is imported under that target's answers (``imports.import_for_target``,
+    afresh if it was imported otherwise): its kernel is the one that target's serving process defines.
+    Without, a kernel already seen in this process, else a plain import (a running program's own)."""
+    from .autotune import base_jit_function
+    from .imports import import_for_target
+
+    module_name, _, qualname = where.rpartition(":")  # a script's path may hold a colon
     with _seen_lock:
         known = _seen.get(where)
-    if known is not None:
+    if known is not None and target is None:
         return known
-    module_name, _, qualname = where.rpartition(":")
     if is_script_locator(module_name):  # defined in a program's main script (``record``)
         try:
             module = load_script(module_name)
@@ -71,8 +82,10 @@ def find_jit_function(where: str) -> JITFunction:
             raise LookupError(f"kernel {where}: cannot load the script {module_name}: {e}") from None
     else:
         try:
-            module = importlib.import_module(module_name)
+            module = import_for_target(module_name, target)
         except ImportError as e:
+            if known is not None:  # a kernel seen in this process that import cannot reach
+                return known
             raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
     obj = module
     for part in qualname.split("."):

@@ -155,7 +155,9 @@ def _decode(value):
     if isinstance(value, dict) and "constexpr" in value:
         return value["constexpr"]
     if isinstance(value, dict) and "jit_function" in value:
-        return find_jit_function(value["jit_function"])
+        from .imports import current_target
+
+        return find_jit_function(value["jit_function"], current_target())
     return tuple(value) if isinstance(value, list) else value
 
 
@@ -165,7 +167,9 @@ def replay(kernel: str, call: dict):
 
     from ..targets import TargetOnlyDriver
 
-    jit_function = find_jit_function(kernel)
+    from .imports import current_target
+
+    jit_function = find_jit_function(kernel, current_target())  # the module as the target's server imports it
     options = dict(call.get("options", {}))
     active = driver.active
     backend = active.target.backend if isinstance(active, TargetOnlyDriver) else None

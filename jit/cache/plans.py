@@ -49,7 +49,8 @@ def launcher_fingerprint(launcher) -> str:
     import inspect
     import sys
 
-    top = sys.modules.get(str(getattr(launcher, "__module__", "")).split(".")[0])
+    root = str(getattr(launcher, "__module__", "")).split(".")[0]
+    top = sys.modules.get(root) or _unexecuted(root)  # a capture: all launcher is imported only when traced
     file = getattr(top, "__file__", None)
     if file and Path(file).name == "__init__.py":
         return tree_fingerprint(str(Path(file).resolve().parent))
@@ -61,6 +62,21 @@ def launcher_fingerprint(launcher) -> str:
     except TypeError:  # no Python source (a builtin, a partial): nothing to read
         source = ""
     return tree_fingerprint(str(Path(source).resolve())) if source and Path(source).is_file() else ""
+
+
+def _unexecuted(name: str):
+    """Where the package ``name`` lives, found without running it: ``__file__`` and ``__path__``."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    try:
+        found = importlib.util.find_spec(name) if name else None
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    return SimpleNamespace(__file__=found.origin if found.has_location else None,
+                           __path__=list(found.submodule_search_locations or []))
 
 
 class PlanStore:
