@@ -21,10 +21,10 @@ def add_parsers(sub) -> None:
 
 
 def cmd_tune(args) -> int:
+    from ..jit.adopt.winners import pin_winners, tune_winners
     from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.cache.overlay import refuse_if_overlaid
     from ..jit.targets import local_target
-    from ..jit.adopt.winners import pin_winners, tune_winners
 
     measure = args.target in (None, "local")
     if measure and local_target() is None:

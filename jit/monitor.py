@@ -23,6 +23,7 @@ from pathlib import Path
 
 from triton import knobs
 
+from .adopt.foreign import kernel_for
 from .cache import UnreadableEntry, entry_files
 from .cache.env import cache_bypassed
 from .cache.overlay import misses_fail_here, overlay_in_force
@@ -32,7 +33,6 @@ from .dispatch_record import write_record
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from .miss import WarmedNeighbours
 from .targets import Target, target_from_gpu_target
-from .adopt.foreign import kernel_for
 from .trace import Capture, Variant, _hook_lock
 
 log = logging.getLogger("tritonwarm")

@@ -8,11 +8,11 @@ import triton
 import triton.language as tl
 from tritonwarm.examples import inhouse_autotuned as ex
 from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
 from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.targets import NoBenchmarkError, target_driver
-from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
 from tritonwarm.jit.trace import trace_call
 from tritonwarm.jit.warmup import warm
 

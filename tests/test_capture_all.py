@@ -9,11 +9,11 @@ import triton
 from triton.runtime.jit import JITFunction
 from tritonwarm.examples import thirdparty_ops as ops
 from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.adopt.winners import probe_winners
 from tritonwarm.jit.compile import triton_cache_dir
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import SpecError, load_specs
 from tritonwarm.jit.targets import target_device_answers, target_driver
-from tritonwarm.jit.adopt.winners import probe_winners
 from tritonwarm.jit.trace import trace_call
 from tritonwarm.jit.warmup import warm
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from tritonwarm.examples import serve_prog
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.adopt.record import launch_row, replay
 from tritonwarm.jit.cache import entry_files
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.adopt.record import launch_row, replay
 from tritonwarm.jit.trace import capture
 from tritonwarm.jit.warmup import warm
 

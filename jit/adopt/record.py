@@ -166,7 +166,6 @@ def replay(kernel: str, call: dict):
     from triton.runtime.driver import driver
 
     from ..targets import TargetOnlyDriver
-
     from .imports import current_target
 
     jit_function = find_jit_function(kernel, current_target())  # the module as the target's server imports it
