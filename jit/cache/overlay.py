@@ -18,6 +18,7 @@ manager, unchanged.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from triton import knobs
@@ -26,6 +27,27 @@ from triton.runtime.cache import FileCacheManager, RemoteCacheManager
 from .layout import CacheError, complete_group
 
 OVERLAY_ENV = "TRITONWARM_OVERLAY_DIR"
+
+
+_owned: set[str] = set()  # overlay folders checked in this process
+
+
+def refuse_unless_own_folder(folder: str) -> None:
+    """The overlay is read as well as written: a folder another local account made (under ``/tmp``,
+    say) would hand this server the entries it planted. It must be this account's own folder, not a
+    link, and writable by no one else; it is made so (0755) when it does not exist yet."""
+    try:
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as e:
+        raise CacheError(f"{OVERLAY_ENV}={folder}: {e.strerror or e}") from None
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder" if not stat.S_ISDIR(st.st_mode)
+           else f"belongs to uid {st.st_uid}, not to this account (uid {os.geteuid()})" if st.st_uid != os.geteuid()
+           else f"is writable by {'its group' if st.st_mode & 0o020 else 'others'} (mode {st.st_mode & 0o777:o})"
+           if st.st_mode & 0o022 else None)
+    if why:
+        raise CacheError(f"{OVERLAY_ENV}={folder} {why}: the overlay's entries are loaded as they are, so it must "
+                         "be this serving account's own folder, writable by no one else: refused")
 
 
 class OverlayCacheManager(FileCacheManager):
@@ -39,7 +61,11 @@ class OverlayCacheManager(FileCacheManager):
             return
         self.key = key
         self.warmed_dir = os.path.join(knobs.cache.dir, key)
-        self.cache_dir = os.path.join(os.path.abspath(overlay), key)  # Triton's name for where it writes
+        overlay = os.path.abspath(overlay)
+        if overlay not in _owned:
+            refuse_unless_own_folder(overlay)
+            _owned.add(overlay)
+        self.cache_dir = os.path.join(overlay, key)  # Triton's name for where it writes
         self.lock_path = os.path.join(self.cache_dir, "lock")
 
     def get_file(self, filename):
