@@ -534,19 +534,30 @@ def test_server_killed_mid_run_falls_back_with_one_warning(warmed, redis_server,
 
 
 PUSHER = textwrap.dedent("""
-    import os, sys, time
+    import hashlib, json, os, sys, time
+    from tritonwarm.jit.cache.layout import entry_dir_name
     from tritonwarm.jit.cache.remote import RedisStore
     url, me, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     store = RedisStore(url, timeout=10)
+
+    def entry(seed):  # an entry folder and metadata naming its hash, as Triton writes them
+        cache_hash = hashlib.sha256(seed.encode()).hexdigest()
+        return entry_dir_name(cache_hash), cache_hash
+
+    def meta(cache_hash, text):
+        return json.dumps({"hash": cache_hash, "from": text}).encode()
+
     for _ in range(600):  # start together
         if os.path.exists(go):
             break
         time.sleep(0.01)
+    shared, shared_hash = entry("shared")
     for i in range(40):
-        store.write_entry(f"OWN{me}x{i}", "__grp__k.json", {"k.cubin": f"cubin {me} {i}".encode() * 50,
-                                                             "k.json": f"meta {me} {i}".encode()})
-        store.write_entry("SHARED", "__grp__k.json", {"k.cubin": f"cubin from {me}".encode() * 50,
-                                                      "k.json": f"meta from {me}".encode()})
+        own, own_hash = entry(f"own {me} {i}")
+        store.write_entry(own, "__grp__k.json", {"k.cubin": f"cubin {me} {i}".encode() * 50,
+                                                 "k.json": meta(own_hash, f"{me} {i}")})
+        store.write_entry(shared, "__grp__k.json", {"k.cubin": f"cubin from {me}".encode() * 50,
+                                                    "k.json": meta(shared_hash, str(me))})
 """)
 
 
@@ -561,14 +572,22 @@ def test_eight_concurrent_pushers_lose_nothing(redis_server, tmp_path):
     go.touch()
     for p in pushers:
         assert p.wait(timeout=300) == 0, p.stderr.read()
+    from tritonwarm.jit.cache.layout import entry_dir_name
+    from tritonwarm.jit.cache.remote import sha256
+
+    def meta(cache_hash, text):
+        return json.dumps({"hash": cache_hash, "from": text}).encode()
+
     store = _store(redis_server)
     for me in range(8):
         for i in range(40):
-            assert store.read_entry(f"OWN{me}x{i}", "__grp__k.json") == {
-                "k.cubin": f"cubin {me} {i}".encode() * 50, "k.json": f"meta {me} {i}".encode()}
-    shared = store.read_entry("SHARED", "__grp__k.json")
-    winner = shared["k.json"].decode().rsplit(" ", 1)[-1]  # one pusher's complete entry, never a mix
-    assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": f"meta from {winner}".encode()}
+            own_hash = sha256(f"own {me} {i}".encode())
+            assert store.read_entry(entry_dir_name(own_hash), "__grp__k.json") == {
+                "k.cubin": f"cubin {me} {i}".encode() * 50, "k.json": meta(own_hash, f"{me} {i}")}
+    shared_hash = sha256(b"shared")
+    shared = store.read_entry(entry_dir_name(shared_hash), "__grp__k.json")
+    winner = json.loads(shared["k.json"])["from"]  # one pusher's complete entry, never a mix
+    assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": meta(shared_hash, winner)}
 
 
 @pytest.mark.slow
