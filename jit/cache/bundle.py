@@ -65,13 +65,15 @@ class Limits:
     archive_bytes: int = 8 << 30  # the compressed file
     total_bytes: int = 16 << 30  # decompressed bytes read while streaming (tar headers included)
     member_bytes: int = 1 << 30  # one file
-    header_bytes: int = 32 << 20  # the JSON header
+    header_bytes: int = 16 << 20  # the JSON header
+    header_commas: int = 1_000_000  # ... bounds the values parsing it creates (with the next)
+    header_containers: int = 250_000  # its '[' and '{'
     extended_header_bytes: int = 64 << 10  # one pax extended header or GNU long name
     json_file_bytes: int = 1 << 20  # an entry's group or metadata, which are parsed
-    entries: int = 5_000
+    entries: int = 2_500
     files_per_entry: int = 12
-    files: int = 25_000  # every file of every entry (groups not counted)
-    members: int = 30_001  # files, a group per entry, the header
+    files: int = 20_000  # every file of every entry (groups not counted)
+    members: int = 22_501  # files, a group per entry, the header
 
 
 @dataclass
@@ -281,8 +283,14 @@ def _read_header(tar: TarStream, path: Path, limits: Limits) -> dict:
     _check_member_kind(first, path)
     if first.size > limits.header_bytes:
         raise BundleError(f"{path}: {HEADER_NAME} ({first.size} bytes) is over the limit of {limits.header_bytes}")
+    data = tar.read()
+    for what, count, cap in (("brackets ('[' and '{')", data.count(b"[") + data.count(b"{"), limits.header_containers),
+                             ("commas", data.count(b","), limits.header_commas)):
+        if count > cap:  # parsed, each is a Python object: 16 MiB of "[]," would take 400 MiB
+            raise BundleError(f"{path}: {HEADER_NAME} holds {count} {what}, over the limit of {cap} "
+                              "(far more than a real header)")
     try:
-        header = json.loads(tar.read())
+        header = json.loads(data)
     except (ValueError, RecursionError) as e:
         raise BundleError(f"{path}: {HEADER_NAME}: not JSON ({clipped(e)})") from None
     _check_header(header, path, limits)
