@@ -7,9 +7,12 @@ entry, all relative to the cache root. Triton's ``__grp__*.json`` holds absolute
 each group with paths relative to the cache root and ``install`` writes them for the destination.
 
 Reading is one bounded stream: the compressed bytes, the decompressed bytes, each member and the
-number of members are all capped while reading, so a decompression bomb stops at the cap. Every
-member must be a regular file at a name the header announces, with the hash it announces; anything
-else refuses the whole archive before a single entry is moved into the cache.
+number of members are all capped while reading, so a decompression bomb stops at the cap; the tar
+headers are read by ``tar_stream``, which checks each announced size before reading it. The header's
+counts (entries, files) are capped before a member is read, and every row is checked field by field.
+Every member must be a regular file at a name the header announces, with the hash it announces, and
+each entry's metadata must name its own cache hash; anything else refuses the whole archive before a
+single entry is moved into the cache. See docs/security.md.
 """
 
 from __future__ import annotations

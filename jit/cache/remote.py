@@ -21,8 +21,10 @@ In Redis, content-addressed::
     tritonwarm:blob:<sha256>             the bytes whose sha256 is in the key
     tritonwarm:file:<entry>:<file name>  the sha256 of that entry's file
 
-An entry's group file (``__grp__<kernel>.json``) is stored like any other file, but its JSON names
-each child's sha256 instead of a path: a group and its children read as one consistent set wherever
+Redis is not trusted: a group's children must be plain file names of the entry and its metadata must
+name the entry's key, else the entry is a miss with one warning; C modules are never fetched (see
+docs/security.md). An entry's group file (``__grp__<kernel>.json``) is stored like any other file, but
+its JSON names each child's sha256 instead of a path: a group and its children read as one consistent set wherever
 the cache is served from, and a value whose bytes do not hash to its key reads as a miss. Writes are
 idempotent (the same bytes land on the same keys) and the group goes last in one transaction, so
 concurrent pushers lose nothing and a reader never sees a group before its files.
