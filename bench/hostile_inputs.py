@@ -1,7 +1,7 @@
 """Peak memory and time of ``tritonwarm bundle verify`` on hostile archives, against a normal bundle.
 
 Each archive is built here: header bombs (a pax extended header and a GNU long name announcing
-1 GiB, about 5 MB compressed), a header announcing 50,000 files, a bundle of 20,000 real tiny files
+1 GiB, about 5 MB compressed), a header announcing 50,000 files, a bundle of 16,000 real tiny files
 (at the cap), a member announcing more than the member cap, a 512 MiB member of zeros, JSON headers
 at their caps and over them. Each verify runs in its own process; its peak
 resident memory is read from the kernel (``wait4``). The goal: under 512 MiB on any input.
@@ -145,11 +145,11 @@ def build(folder: Path) -> dict[str, Path]:
             members += new_members
         return {**header, "targets": {"sm90": rows}}, members
 
-    many, _ = with_rows(2500, 20)
+    many, _ = with_rows(2000, 25)
     out["header announcing 50,000 files"] = _write(folder / "many.tar.gz",
                                                    [("tritonwarm-bundle.json", json.dumps(many).encode())])
-    real, members = with_rows(2000, 10)
-    out["20,000 real tiny files (at the cap)"] = _write(
+    real, members = with_rows(1600, 10)
+    out["16,000 real tiny files (at the cap)"] = _write(
         folder / "tiny.tar.gz", [("tritonwarm-bundle.json", json.dumps(real).encode()), *members])
     cubin = next(n for n, _ in good if n.endswith(".cubin"))
     rest = [(n, d) for n, d in good if n != cubin]
@@ -157,9 +157,9 @@ def build(folder: Path) -> dict[str, Path]:
                                                 lambda gz: _huge_member(gz, cubin, GiB + 1))
     out["512 MiB member of zeros"] = _write(folder / "zeros.tar.gz", rest,
                                             lambda gz: _huge_member(gz, cubin, 512 << 20))
-    fat = {**header, "targets": {"sm90": {h: {**r, "args": {f"a{i}": "x" * 15 for i in range(495_000)}}
+    fat = {**header, "targets": {"sm90": {h: {**r, "args": {f"a{i}": "xy" for i in range(599_000)}}
                                           for h, r in header["targets"]["sm90"].items()}}}
-    out["header of 990,000 strings (at the caps)"] = _write(folder / "fat.tar.gz",
+    out["header of 1,198,000 strings (at the caps)"] = _write(folder / "fat.tar.gz",
                                                             [(good[0][0], json.dumps(fat).encode()), *good[1:]])
     out["16 MiB header of '[],' (parses to 400 MiB)"] = _write(
         folder / "lists.tar.gz", [(good[0][0], b'{"format": 1, "x": [' + b"[]," * (5 << 20) + b"0]}")])

@@ -295,7 +295,7 @@ def test_control_characters_from_a_bundle_are_escaped_wherever_printed(warmed, t
 
 
 def test_a_bundle_of_more_files_than_a_real_cache_holds_is_refused_at_its_header(warmed, tmp_path, capsys):
-    """50,000 tiny files (2,500 entries of 20) would be 50,000 inodes: the header says so first."""
+    """50,000 tiny files (2,000 entries of 25) would be 50,000 inodes: the header says so first."""
     import base64
     import hashlib
 
@@ -304,15 +304,15 @@ def test_a_bundle_of_more_files_than_a_real_cache_holds_is_refused_at_its_header
     def swell(header):
         [(_, row)] = list(header["targets"]["sm90"].items())[:1]
         rows = header["targets"]["sm90"] = {}
-        for i in range(2500):
+        for i in range(2000):
             cache_hash = hashlib.sha256(str(i).encode()).hexdigest()
             entry_dir = base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
-            files = {f"{row['entry_name']}.json": "0" * 64, **{f"f{j}.ptx": "0" * 64 for j in range(19)}}
+            files = {f"{row['entry_name']}.json": "0" * 64, **{f"f{j}.ptx": "0" * 64 for j in range(24)}}
             rows[cache_hash] = {**row, "cache_hash": cache_hash, "entry_dir": entry_dir, "files": files,
                                 "id": cache_hash[:12]}
     bundle = _write(tmp_path / "many.tar.gz", _with_header(members, swell)[:1])
     assert main(["bundle", "verify", str(bundle)]) == 2
-    _one_line_refusal(capsys, "50000 files, over the limit of 20000")
+    _one_line_refusal(capsys, "50000 files, over the limit of 16000")
     assert not (tmp_path / "dest").exists()
 
 

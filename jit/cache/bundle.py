@@ -69,14 +69,14 @@ class Limits:
     total_bytes: int = 16 << 30  # decompressed bytes read while streaming (tar headers included)
     member_bytes: int = 1 << 30  # one file
     header_bytes: int = 16 << 20  # the JSON header
-    header_commas: int = 1_000_000  # ... bounds the values parsing it creates (with the next)
+    header_commas: int = 600_000  # ... bounds the values parsing it creates (with the next)
     header_containers: int = 250_000  # its '[' and '{'
     extended_header_bytes: int = 64 << 10  # one pax extended header or GNU long name
     json_file_bytes: int = 1 << 20  # an entry's group or metadata, which are parsed
-    entries: int = 2_500
+    entries: int = 2_000
     files_per_entry: int = 12
-    files: int = 20_000  # every file of every entry (groups not counted)
-    members: int = 22_501  # files, a group per entry, the header
+    files: int = 16_000  # every file of every entry (groups not counted)
+    members: int = 18_001  # files, a group per entry, the header
 
 
 @dataclass
