@@ -23,11 +23,12 @@ In Redis, content-addressed::
 
 Redis is not trusted: a group's children must be plain file names of the entry and its metadata must
 name the entry's key, else the entry is a miss with one warning; C modules are never fetched (see
-docs/security.md). An entry's group file (``__grp__<kernel>.json``) is stored like any other file, but
-its JSON names each child's sha256 instead of a path: a group and its children read as one consistent set wherever
-the cache is served from, and a value whose bytes do not hash to its key reads as a miss. Writes are
-idempotent (the same bytes land on the same keys) and the group goes last in one transaction, so
-concurrent pushers lose nothing and a reader never sees a group before its files.
+docs/security.md). An entry's group file (``__grp__<kernel>.json``) is stored like any other file,
+but its JSON names each child's sha256 instead of a path: a group and its children read as one
+consistent set wherever the cache is served from, and a value whose bytes do not hash to its key
+reads as a miss. Writes are idempotent (the same bytes land on the same keys) and the group goes
+last in one transaction, so concurrent pushers lose nothing and a reader never sees a group before
+its files.
 
 When Redis cannot be reached, serving goes on with the local cache: one warning per process, another
 try at most every ``RETRY_AFTER_S`` seconds, connect and read timeouts of ``TRITONWARM_REDIS_TIMEOUT``
@@ -434,6 +435,8 @@ class RedisBackend(RemoteCacheBackend):
         return found
 
     def put(self, filename: str, data: bytes) -> None:
+        if filename.endswith(HOST_CODE):  # never fetched: pushing it would only take room
+            return
         if filename.startswith(GROUP_PREFIX):
             try:
                 names = list(json.loads(data)["child_paths"])
