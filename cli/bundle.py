@@ -136,6 +136,7 @@ def cmd_create(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from ..errors import printable
     from ..jit.cache.bundle import verify
 
     with opened_bundle(args) as source:
@@ -146,13 +147,14 @@ def cmd_verify(args) -> int:
         print(f"  signature: good, by trusted key {source.signed_by}")
     if not args.json:
         for line in report.differences:
-            print(f"  differs: {line}")
+            print(f"  differs: {printable(line)}")
         print("  environment: " + ("matches this runtime" if not report.differences else
                                    f"{len(report.differences)} difference(s): this runtime would miss its entries"))
     return 1 if report.differences else 0
 
 
 def cmd_install(args) -> int:
+    from ..errors import printable
     from ..jit.cache import resolve_cache_dir
     from ..jit.cache.bundle import install, point_groups, serve_from
     from ..jit.cache.env import cache_manager_problem
@@ -167,8 +169,8 @@ def cmd_install(args) -> int:
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
     overlay = overlay_in_force()  # ... or writes what it builds into another folder
     manager = manager or (overlay and (False, f"{OVERLAY_ENV}={overlay} is set (Triton builds into it)"))
-    for line in report.differences + ([f"{manager[1]}: no C launchers built"] if manager else []):
-        print(f"tritonwarm: warning: {line}", file=sys.stderr)
+    for line in report.set_aside + report.differences + ([f"{manager[1]}: no C launchers built"] if manager else []):
+        print(f"tritonwarm: warning: {printable(line)}", file=sys.stderr)
     launchers = {}
     if not args.no_c_launchers and not report.differences and not manager:
         if serve_at:  # Triton reads the entries to build their launchers: here, for now

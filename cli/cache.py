@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import printable
 from .common import (
     SHIPPED_SPECS,
     UsageError,
@@ -71,9 +72,9 @@ def cmd_list(args) -> int:
     table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL", "SHARED", "ARGS")]
     for r in rows:
         res = r.get("resources") or {}
-        table.append((r["id"], r["target"], short_kernel(r["kernel"]), str(r["num_warps"]), str(r["num_stages"]),
-                      str(res.get("registers", "-")), str(res.get("local", "-")), str(res.get("shared", "-")),
-                      format_args(r["args"])))
+        table.append(tuple(map(printable, (r["id"], r["target"], short_kernel(r["kernel"]), r["num_warps"],
+                                           r["num_stages"], res.get("registers", "-"), res.get("local", "-"),
+                                           res.get("shared", "-"), format_args(r["args"])))))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
@@ -94,19 +95,20 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(public_entry(entry), indent=1))
         return 0
-    print(f"variant   {entry['id']}  ({entry['target']})")
-    print(f"kernel    {entry['kernel']}")
+    shown = printable  # every field read from the manifest, which a bundle may have written
+    print(f"variant   {shown(entry['id'])}  ({shown(entry['target'])})")
+    print(f"kernel    {shown(entry['kernel'])}")
     print(f"options   num_warps={entry['num_warps']} num_stages={entry['num_stages']}")
     for name, cls in entry["args"].items():
-        print(f"  {name:<24} {cls}")
+        print(f"  {shown(name):<24} {shown(cls)}")
     if entry.get("resources"):
-        print("resources " + ", ".join(f"{k}={v}" for k, v in entry["resources"].items()))
-    print(f"triton    {entry['triton_version']}, compiled in {entry.get('compile_seconds')} s")
+        print("resources " + shown(", ".join(f"{k}={v}" for k, v in entry["resources"].items())))
+    print(f"triton    {shown(entry['triton_version'])}, compiled in {shown(entry.get('compile_seconds'))} s")
     print(f"entry     {Path(cache_dir) / entry['entry_dir']}")
-    print(f"key       {entry['key']}")
+    print(f"key       {shown(entry['key'])}")
     print("rows:")
     for row in entry["rows"]:
-        print(f"  {row}")
+        print(f"  {shown(row)}")
     return 0
 
 
@@ -120,7 +122,8 @@ def cmd_du(args) -> int:
         return 0
     print(f"{'TARGET':<8} {'KERNEL':<40} {'VARIANTS':>8} {'SIZE':>10}")
     for row in usage["kernels"]:
-        print(f"{row['target']:<8} {short_kernel(row['kernel']):<40} {row['variants']:>8} {_mib(row['bytes']):>10}")
+        print(f"{printable(row['target']):<8} {short_kernel(row['kernel']):<40} {row['variants']:>8} "
+              f"{_mib(row['bytes']):>10}")
     if usage["unmanaged"]["entries"]:
         print(f"{'-':<8} {'(Triton entries no manifest lists)':<40} {usage['unmanaged']['entries']:>8} "
               f"{_mib(usage['unmanaged']['bytes']):>10}")
@@ -153,7 +156,7 @@ def cmd_prune(args) -> int:
         return 0
     verb = "would remove" if args.dry_run else "removed"
     for d in doomed:
-        print(f"{verb}  {d['id']}  {d['target']:<7} {short_kernel(d['kernel'])}  ({d['why']})")
+        print(f"{verb}  {d['id']}  {printable(d['target']):<7} {short_kernel(d['kernel'])}  ({printable(d['why'])})")
     print(f"{verb} {len(doomed)} variants, {_mib(sum(d['bytes'] for d in doomed))}")
     return 0
 

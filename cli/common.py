@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import printable
+
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
 
@@ -146,7 +148,7 @@ def note_where_triton_reads(cache_dir) -> None:
 
 
 def short_kernel(kernel: str) -> str:
-    return kernel.rsplit(".", 1)[-1]
+    return printable(kernel.rsplit(".", 1)[-1])  # a name a cache or a bundle chose: escaped
 
 
 def format_args(args: dict) -> str:
@@ -157,7 +159,7 @@ def format_args(args: dict) -> str:
             parts.append(f"{name}{cls}")
         else:
             parts.append(f"{name}:{cls.replace(' aligned', '').replace(' unaligned', '@unaligned')}")
-    return " ".join(parts)
+    return printable(" ".join(parts))
 
 
 def public_entry(entry: dict) -> dict:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import printable
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     SERVE_AT_HELP,
@@ -182,11 +183,11 @@ def cmd_check(args) -> int:
                   f"{len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows, "
                   f"{len(r.redundant)} redundant rows")
             if r.manifest_problem:
-                print(f"  manifest: {r.manifest_problem}")
+                print(f"  manifest: {printable(r.manifest_problem)}")
             if r.bypassed:
                 print(f"  runtime: {r.bypassed}")
             for line in r.reasons:
-                print(f"  why: {line}")
+                print(f"  why: {printable(line)}")
             for m in r.unreadable:
                 print(f"  unreadable  {m['id']}  {short_kernel(m['kernel'])}  {m['why']}")
             for m in r.missing:
@@ -194,7 +195,8 @@ def cmd_check(args) -> int:
                 if m.get("why"):
                     print(f"           {m['why']}")
             for m in r.corrupt:
-                print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}")
+                print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}" +
+                      (f"  ({printable(m['why'])})" if m.get("why") else ""))
             if r.from_fleet:
                 print(f"  {len(r.from_fleet)} not in the local cache but in the shared cache, intact: Triton fetches "
                       "each at its first lookup (`engine run` at start-up)")
@@ -211,7 +213,7 @@ def cmd_check(args) -> int:
             for line in r.unknown_winners:
                 print(f"  winner unknown: {line}")
             for line in r.notes:
-                print(f"  note: {line}")
+                print(f"  note: {printable(line)}")
             if args.verbose:
                 for row in r.redundant:
                     print(f"  redundant row: {row}")
@@ -268,5 +270,6 @@ def _check_remote(args) -> int:
               f"{len(r.missing)} missing, {len(r.corrupt)} corrupt")
         for state in ("missing", "corrupt"):
             for m in getattr(r, state):
-                print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
+                print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
+                      (f"  ({printable(m['why'])})" if m.get("why") else ""))
     return 0 if ok else 1

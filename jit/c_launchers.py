@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import importlib
 import inspect
+import json
 import os
 import re
 import shutil
@@ -37,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from .cache.overlay import overlay_in_force
 
@@ -369,18 +371,55 @@ def _lookups(on_miss, link_dir: str | None = None):
 # --------------------------------------------------------------------------- warm-up and check
 
 
-def _compiled(variants, target, cache_dir):
-    """Triton's ``CompiledKernel`` of each warmed variant, read back from the cache (nothing compiles)."""
-    from .compile import compile_variant
+_TYPE = re.compile(r"[A-Za-z0-9_*<>\[\],]{1,80}")  # a Triton type as the signature writes it: nothing C could parse
 
-    return [compile_variant(v, target, cache_dir) for v in variants]
+
+def _signature(specialization_data: str, what: str) -> dict:
+    """The kernel's signature (parameter → Triton type) from the compile request its row records."""
+    def checked(value):
+        if isinstance(value, list):  # a tuple parameter, as JSON writes it
+            return tuple(checked(v) for v in value)
+        if not isinstance(value, str) or not _TYPE.fullmatch(value):
+            raise ValueError(f"{what}: the signature holds {str(value)[:40]!r}, not a Triton type")
+        return value
+
+    try:
+        signature = json.loads(specialization_data)["signature"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{what}: no signature in its specialization data") from None
+    if not isinstance(signature, dict):
+        raise ValueError(f"{what}: the signature is not a table")
+    return {str(name): checked(value) for name, value in signature.items()}
+
+
+def _from_entries(variants, cache_dir) -> list:
+    """What Triton's launcher classes read of each compiled kernel (its signature, its metadata),
+    taken from the entry in the cache and the signature its row records: no kernel module is
+    imported and nothing compiles, so a bundle's header naming modules runs none of them."""
+    from .cache.layout import entry_files
+
+    kernels = []
+    for variant in variants:
+        what = f"entry {variant.entry_dir[:16]}"
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name) or {}
+        path = files.get(f"{variant.entry_name[:150]}.json")
+        if path is None:
+            raise ValueError(f"{what}: not in the cache")
+        metadata = json.loads(Path(path).read_text())
+        if not isinstance(metadata, dict):
+            raise ValueError(f"{what}: its metadata is not a table")
+        signature = _signature(variant.specialization_data, what)
+        kernels.append(SimpleNamespace(
+            name=variant.entry_name, metadata=SimpleNamespace(**{str(k): v for k, v in metadata.items()}),
+            src=SimpleNamespace(constants={}, signature=signature, fn=SimpleNamespace(arg_names=list(signature)))))
+    return kernels
 
 
 def _runtime_builds(variants, target, cache_dir, library_dir: str, machine: BuilderCall | None) -> list[BuilderCall]:
     """Every C module the runtime will build for ``variants``: this Triton's launchers and source-keyed
     utilities (``builder_calls``), then the driver utilities keyed by this machine (``machine``)."""
-    calls = builder_calls(_compiled(variants, target, cache_dir), target.backend, library_dir) \
-        if builds_c_modules(target.backend) else []
+    kernels = _from_entries(variants, cache_dir) if builds_per_signature(target.backend) else []
+    calls = builder_calls(kernels, target.backend, library_dir) if builds_c_modules(target.backend) else []
     return calls + ([machine] if machine else [])
 
 

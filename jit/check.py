@@ -33,6 +33,7 @@ from .cache.env import (
     same_environment,
 )
 from .cache.manifest import entry_fingerprint, manifests
+from .cache.records import metadata_problem
 from .cache.remote import held_by_fleet
 from .compile import groups_read_as_served
 from .miss import (
@@ -82,6 +83,18 @@ class CheckReport:
         return {**self.__dict__, "ok": self.ok}
 
 
+def _metadata_mismatch(files: dict[str, str], variant) -> str | None:
+    """Why the entry's own metadata says it is another kernel (it names another cache hash than the
+    folder it is in: Triton would load that kernel here), or None."""
+    path = files.get(f"{variant.entry_name[:150]}.json")
+    try:
+        with open(path or "", "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return None  # a missing metadata file reads as a miss to Triton: files_match_record says so
+    return metadata_problem(data, variant.entry_dir)
+
+
 def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve_at: Path | None = None) -> CheckReport:
     """Plan vs cache: what serving would compile, what is damaged, what the spec cannot reach, and why.
 
@@ -117,6 +130,8 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
                 wanted[variant.variant_id] = variant.to_json()
         elif not files_match_record(files, recorded.get(variant.cache_hash)):
             report.corrupt.append(summary)
+        elif (why := _metadata_mismatch(files, variant)) is not None:
+            report.corrupt.append({**summary, "why": why})
         else:
             intact.append(variant)
     fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)

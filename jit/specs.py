@@ -418,6 +418,10 @@ def load_spec_file(path: str | Path) -> list[Spec]:
     except UnicodeDecodeError as e:
         raise SpecError(path, None, "<file>", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # before composing: nothing is expanded yet
+            if isinstance(event, yaml.AliasEvent):  # a billion-laughs spec expands exponentially
+                raise SpecError(path, event.start_mark.line + 1, "<yaml>",
+                                "YAML aliases (*name) are not supported in a spec: write the values out")
         documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

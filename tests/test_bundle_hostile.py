@@ -63,6 +63,24 @@ def _build(path, members, extra=()):
     return path
 
 
+def _raw(info, data=b"", fmt=tarfile.PAX_FORMAT):
+    """One member as tar bytes, written by hand: headers no archiver of ours would write."""
+    return info.tobuf(fmt, "utf-8", "surrogateescape") + data + b"\0" * (-len(data) % 512)
+
+
+def _build_raw(path, members, raw=b""):
+    """``members`` (``(name, bytes)``) as ``_build`` writes them, then ``raw`` tar bytes, then the end."""
+    body = b"".join(_raw(_info(name, len(data)), data) for name, data in members)
+    path.write_bytes(gzip.compress(body + raw + b"\0" * 1024, mtime=0))
+    return path
+
+
+def _bad_checksum(name):
+    block = bytearray(_raw(_info(name, 0)))
+    block[148:156] = b"0000001\0"
+    return bytes(block)
+
+
 def _snapshot(root):
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
             for p in sorted(root.rglob("*")) if ".lock" not in p.name and "locks" not in p.parts}
@@ -97,6 +115,20 @@ def _cases(good):
     row["files"]["../../x.so"] = row["files"].pop(cubin.split("/")[1])
     bad_environments = {**_header(good), "environments": {"sm90": "not a fingerprint"}}
 
+    metadata = next(n for n, _ in good if n.endswith(".json") and "__grp__" not in n and n != HEADER_NAME)
+    other_key = json.loads(dict(good)[metadata])
+    other_key["hash"] = "0" * 64  # the files of another key: Triton would load that kernel for this one
+    other_bytes = json.dumps(other_key).encode()
+    other_header = _header(good)
+    [(_, other_row)] = other_header["targets"]["sm90"].items()
+    other_row["files"][metadata.split("/")[1]] = __import__("hashlib").sha256(other_bytes).hexdigest()
+    no_metadata = _header(good)
+    [(_, bare_row)] = no_metadata["targets"]["sm90"].items()
+    del bare_row["files"][metadata.split("/")[1]]
+    crowded = _header(good)
+    [(_, crowded_row)] = crowded["targets"]["sm90"].items()
+    crowded_row["files"].update({f"extra{i}.ptx": "0" * 64 for i in range(13)})
+
     def bad_row(change):  # a row every install would copy into the manifest, and every listing read
         header = _header(good)
         rows = header["targets"]["sm90"]
@@ -128,6 +160,24 @@ def _cases(good):
                                            "'nope' is not in environments.sm90"),
         "binary_only not a bool": (_with_header(good, {**_header(good), "binary_only": "yes"}), [],
                                    "binary_only: 'yes' is not true or false"),
+        "rows holds a table": (bad_row(lambda r: {**r, "rows": [{"a": 1}]}), [], "rows: holds {'a': 1}"),
+        "row without num_warps": (bad_row(lambda r: {k: v for k, v in r.items() if k != "num_warps"}), [],
+                                  "num_warps: missing"),
+        "row without key": (bad_row(lambda r: {k: v for k, v in r.items() if k != "key"}), [], "key: missing"),
+        "num_warps a bool": (bad_row(lambda r: {**r, "num_warps": True}), [], "num_warps: True is not an integer"),
+        "num_warps out of range": (bad_row(lambda r: {**r, "num_warps": 10**9}), [], "out of range"),
+        "args holding a table": (bad_row(lambda r: {**r, "args": {"x": {"y": 1}}}), [], "args: holds"),
+        "metadata of another key": (_with_header(_replace(good, metadata, other_bytes), other_header), [],
+                                    "another kernel's files"),
+        "entry without metadata": ([(n, d) for n, d in _with_header(good, no_metadata) if n != metadata], [],
+                                   "Triton's metadata of the entry"),
+        "too many files in an entry": (_with_header(good, crowded), [], "over the limit of 12"),
+        "pax header bomb": (good, [(_info(f"{entry}/" + "a" * (1 << 20), 3), b"bad")], "pax extended header"),
+        "GNU long name bomb": (good, b"raw", _raw(_info(f"{entry}/" + "b" * (1 << 20), 3), b"bad",
+                                                  tarfile.GNU_FORMAT)),
+        "global pax header": (good, b"raw", _raw(_info("pax_global_header", kind=tarfile.XGLTYPE))),
+        "sparse member": (good, b"raw", _raw(_info(f"{entry}/x", kind=tarfile.GNUTYPE_SPARSE))),
+        "bad checksum": (good, b"raw", _bad_checksum(f"{entry}/x")),
         "group naming other files": (
             [(n, json.dumps({"child_paths": {"x": "/etc/passwd"}}).encode() if "__grp__" in n else d) for n, d in good],
             [], "names other files"),
@@ -138,20 +188,29 @@ CASES = ["absolute path", "dot-dot", "symlink", "hard link", "device", "fifo", "
          "manifest overwrite", "duplicate member", "hash differs", "missing member", "header not first",
          "target name in header", "file name in header", "environments in header", "row without kernel",
          "row id not a string", "row args not a table", "row of another target", "row of an unlisted environment",
-         "binary_only not a bool", "group naming other files"]
+         "binary_only not a bool", "group naming other files", "rows holds a table", "row without num_warps",
+         "row without key", "num_warps a bool", "num_warps out of range", "args holding a table",
+         "metadata of another key", "entry without metadata", "too many files in an entry", "pax header bomb",
+         "GNU long name bomb", "global pax header", "sparse member", "bad checksum"]
+RAW_WORDS = {"GNU long name bomb": "GNU long name", "global pax header": "a global pax header",
+             "sparse member": "a sparse file", "bad checksum": "checksum"}
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("command", ["install", "verify"])
 def test_hostile_archive_is_refused(tmp_path, good, dest, case, command, capsys):
     members, extra, words = _cases(good)[case]
-    bundle = _build(tmp_path / "hostile.tar.gz", members, extra)
+    if extra == b"raw":  # (members, b"raw", tar bytes written by hand after them)
+        bundle, words = _build_raw(tmp_path / "hostile.tar.gz", members, words), RAW_WORDS[case]
+    else:
+        bundle = _build(tmp_path / "hostile.tar.gz", members, extra)
     before_dest, before_all = _snapshot(dest), sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()
     argv = ["bundle", command, str(bundle)] + (["--cache-dir", str(dest)] if command == "install" else [])
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("tritonwarm: error: ") and words in err, err
+    assert err.count("\n") == 1 and err.startswith("tritonwarm: error: ") and words in err, err[:2000]
+    assert len(err) < 1000  # an archive chooses its names: messages quote them cut short
     assert _snapshot(dest) == before_dest  # nothing in the cache lost or added
     assert sorted(p.name for p in tmp_path.iterdir()) == before_all  # nothing written beside it
     assert not list(tmp_path.rglob("*escaped*"))

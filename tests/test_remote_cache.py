@@ -145,28 +145,158 @@ def _uses_redis(monkeypatch, url, manager=MANAGER, backend=None):
         monkeypatch.setenv("TRITON_REMOTE_CACHE_BACKEND", backend)
 
 
+def _fake_entry(seed: bytes = b"k"):
+    """An entry's folder name and files as Triton writes them: the metadata names its cache hash."""
+    from tritonwarm.jit.cache.layout import entry_dir_name
+    from tritonwarm.jit.cache.remote import sha256
+
+    cache_hash = sha256(seed)
+    return entry_dir_name(cache_hash), {"k.cubin": b"\x7fELF binary " + seed,
+                                        "k.json": json.dumps({"name": "k", "hash": cache_hash}).encode()}
+
+
 @pytest.mark.slow
 def test_store_round_trip_and_damage_reads_as_a_miss(redis_server):
     from tritonwarm.jit.cache.remote import sha256
 
     store = _store(redis_server)
-    files = {"k.cubin": b"\x7fELF binary", "k.json": b'{"name": "k"}'}
-    store.write_entry("ENTRY", "__grp__k.json", files)
-    assert store.read_entry("ENTRY", "__grp__k.json") == files
-    assert store.read_files("ENTRY", ["k.json", "absent"]) == {"k.json": files["k.json"]}
+    entry, files = _fake_entry()
+    store.write_entry(entry, "__grp__k.json", files)
+    assert store.read_entry(entry, "__grp__k.json") == files
+    assert store.read_files(entry, ["k.json", "absent"]) == {"k.json": files["k.json"]}
     assert store.entry_state("OTHER", "__grp__k.json") == ("missing", {})
 
     redis_server.client().set(f"tritonwarm:blob:{sha256(files['k.cubin'])}", b"\x7fELF bitrot")
-    assert store.entry_state("ENTRY", "__grp__k.json") == ("corrupt", {})
-    assert store.read_entry("ENTRY", "__grp__k.json") is None
-    assert store.read_files("ENTRY", ["k.cubin", "k.json"]) == {"k.json": files["k.json"]}
+    assert store.entry_state(entry, "__grp__k.json") == ("corrupt", {})
+    assert store.read_entry(entry, "__grp__k.json") is None
+    assert store.read_files(entry, ["k.cubin", "k.json"]) == {"k.json": files["k.json"]}
 
-    redis_server.client().set("tritonwarm:file:ENTRY:k.json", b"\xff not a digest")
-    assert store.read_files("ENTRY", ["k.json"]) == {}
+    redis_server.client().set(f"tritonwarm:file:{entry}:k.json", b"\xff not a digest")
+    assert store.read_files(entry, ["k.json"]) == {}
     redis_server.client().delete(f"tritonwarm:blob:{sha256(files['k.json'])}")
-    assert store.entry_state("ENTRY", "__grp__k.json")[0] in ("missing", "corrupt")
-    store.write_entry("ENTRY", "__grp__k.json", files)  # pushing again repairs it
-    assert store.read_entry("ENTRY", "__grp__k.json") == files
+    assert store.entry_state(entry, "__grp__k.json")[0] in ("missing", "corrupt")
+    store.write_entry(entry, "__grp__k.json", files)  # pushing again repairs it
+    assert store.read_entry(entry, "__grp__k.json") == files
+
+
+# ------------------------------------------------------------------ hostile values in Redis
+
+
+def _plant_group(server, entry, children: dict[str, bytes]):
+    """A group naming ``children`` by hash, as a hostile writer of the Redis server would store it."""
+    from tritonwarm.jit.cache.remote import sha256
+
+    client = server.client()
+    hashes = {name: sha256(data) for name, data in children.items()}
+    group = json.dumps({"child_paths": hashes}).encode()
+    for data in (*children.values(), group):
+        client.set(f"tritonwarm:blob:{sha256(data)}", data)
+    for name, digest in hashes.items():
+        client.set(f"tritonwarm:file:{entry}:{name}", digest)
+    client.set(f"tritonwarm:file:{entry}:__grp__k.json", sha256(group))
+
+
+def _serving_lookup(monkeypatch, tmp_path, server, entry, manager):
+    """Triton's lookup of the entry's group through the manager serving uses (ours, or Triton's own
+    ``RemoteCacheManager`` with our backend), with an empty local cache."""
+    from triton import knobs
+    from triton.runtime.cache import RemoteCacheManager
+    from tritonwarm.jit.cache import remote
+
+    monkeypatch.setattr(remote, "_fleet", {})
+    _uses_redis(monkeypatch, server.url, *MANAGERS[manager])
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+    return (remote.RedisCacheManager if manager == "ours" else RemoteCacheManager)(entry).get_group("k.json")
+
+
+HOSTILE_NAMES = ["ABSOLUTE", "../../escaped", "sub/x", "", "..", "."]
+MANAGERS = {"ours": (MANAGER, None),
+            "triton's": ("triton.runtime.cache:RemoteCacheManager", "tritonwarm.jit.cache.remote:RedisBackend")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manager", MANAGERS)
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_group_child_that_is_no_plain_file_name_is_a_miss_with_one_warning(
+        redis_server, tmp_path, monkeypatch, caplog, name, manager):
+    """Triton writes each child at os.path.join(entry folder, name): an absolute name or one with '..'
+    wrote the server's bytes anywhere, 'sub/x' or '' raised inside every lookup."""
+    entry, files = _fake_entry()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    name = str(victim) if name == "ABSOLUTE" else name
+    _plant_group(redis_server, entry, {**files, name: b"attacker's bytes"})
+    from tritonwarm.jit.cache import remote
+
+    monkeypatch.setattr(remote, "_refused", set())
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        assert not _serving_lookup(monkeypatch, tmp_path, redis_server, entry, manager)
+        assert not _serving_lookup(monkeypatch, tmp_path, redis_server, entry, manager)
+    assert victim.read_text() == "precious"
+    assert not list(tmp_path.rglob("escaped")) and not list(tmp_path.rglob("x"))
+    warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(warned) == 1 and entry[:16] in warned[0] and "\n" not in warned[0]
+    assert _store(redis_server).entry_state(entry, "__grp__k.json") == ("corrupt", {})
+
+
+@pytest.mark.slow
+def test_an_entry_holding_another_keys_files_is_refused_by_serving_and_by_check(
+        warmed, redis_server, tmp_path, monkeypatch, caplog, capsys):
+    """Entry B's key holds entry A's valid files (every hash agrees): Triton would load kernel A for B."""
+    from tritonwarm.jit.cache.remote import _group_name, entry_files
+
+    spec, cache, the_plan = warmed
+    a, b = sorted(the_plan.variants.values(), key=lambda v: v.cache_hash)[:2]
+    files = {name: open(path, "rb").read() for name, path in entry_files(cache, a.entry_dir, a.entry_name).items()}
+    _store(redis_server).write_entry(b.entry_dir, _group_name(b), files)
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        from triton import knobs
+        from tritonwarm.jit.cache import remote
+        monkeypatch.setattr(remote, "_fleet", {})
+        _uses_redis(monkeypatch, redis_server.url)
+        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+        assert remote.RedisCacheManager(b.entry_dir).get_group(f"{b.entry_name}.json") is None
+    assert any("another kernel's files" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "serving" / b.entry_dir).exists() or not list((tmp_path / "serving" / b.entry_dir).iterdir())
+    monkeypatch.delenv("TRITON_CACHE_MANAGER")
+    assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url]) == 1
+    out = capsys.readouterr().out
+    assert f"corrupt  {b.variant_id}" in out and "another kernel's files" in out
+
+
+@pytest.mark.slow
+def test_a_host_library_is_never_fetched_from_redis(redis_server, tmp_path, monkeypatch):
+    """A C module (Triton's launcher, cuda_utils) is loaded into the serving process: Redis cannot
+    vouch for it, so it is built locally, never fetched."""
+    from triton import knobs
+    from tritonwarm.jit.cache import remote
+
+    entry, _ = _fake_entry()
+    name = "__triton_launcher.cpython-312-x86_64-linux-gnu.so"
+    _store(redis_server).write_files(entry, {name: b"\x7fELF planted"})
+    monkeypatch.setattr(remote, "_fleet", {})
+    _uses_redis(monkeypatch, redis_server.url)
+    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+    assert remote.RedisCacheManager(entry).get_file(name) is None
+    assert not list(tmp_path.rglob("*.so"))
+
+
+@pytest.mark.parametrize("url", ["redis://user:s3cr3t@127.0.0.1:port/0", "redis://:s3cr3t@/0",
+                                 "redis://u:s3cr3t@host:6379/zero", "http://u:s3cr3t@host", "redis://:pa@s3cr3t@h:x",
+                                 "redis://u:s3cr3t#@host:1/0", "redis://:s3cr3t/@host:bad"])
+def test_a_password_is_masked_in_every_message_even_in_a_malformed_url(tmp_path, capsys, monkeypatch, caplog, url):
+    from tritonwarm.jit.cache import remote
+
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    assert main(["check", str(spec), "--target", "sm90", "--remote", url]) == 2
+    err = capsys.readouterr().err
+    assert "s3cr3t" not in err and "***" in err and err.count("\n") == 1
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setenv("TRITONWARM_REDIS_URL", url)
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        assert remote.fleet_cache().call(lambda store: store.ping()) is None
+    assert caplog.records and not any("s3cr3t" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.slow
@@ -404,19 +534,30 @@ def test_server_killed_mid_run_falls_back_with_one_warning(warmed, redis_server,
 
 
 PUSHER = textwrap.dedent("""
-    import os, sys, time
+    import hashlib, json, os, sys, time
+    from tritonwarm.jit.cache.layout import entry_dir_name
     from tritonwarm.jit.cache.remote import RedisStore
     url, me, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     store = RedisStore(url, timeout=10)
+
+    def entry(seed):  # an entry folder and metadata naming its hash, as Triton writes them
+        cache_hash = hashlib.sha256(seed.encode()).hexdigest()
+        return entry_dir_name(cache_hash), cache_hash
+
+    def meta(cache_hash, text):
+        return json.dumps({"hash": cache_hash, "from": text}).encode()
+
     for _ in range(600):  # start together
         if os.path.exists(go):
             break
         time.sleep(0.01)
+    shared, shared_hash = entry("shared")
     for i in range(40):
-        store.write_entry(f"OWN{me}x{i}", "__grp__k.json", {"k.cubin": f"cubin {me} {i}".encode() * 50,
-                                                             "k.json": f"meta {me} {i}".encode()})
-        store.write_entry("SHARED", "__grp__k.json", {"k.cubin": f"cubin from {me}".encode() * 50,
-                                                      "k.json": f"meta from {me}".encode()})
+        own, own_hash = entry(f"own {me} {i}")
+        store.write_entry(own, "__grp__k.json", {"k.cubin": f"cubin {me} {i}".encode() * 50,
+                                                 "k.json": meta(own_hash, f"{me} {i}")})
+        store.write_entry(shared, "__grp__k.json", {"k.cubin": f"cubin from {me}".encode() * 50,
+                                                    "k.json": meta(shared_hash, str(me))})
 """)
 
 
@@ -431,14 +572,22 @@ def test_eight_concurrent_pushers_lose_nothing(redis_server, tmp_path):
     go.touch()
     for p in pushers:
         assert p.wait(timeout=300) == 0, p.stderr.read()
+    from tritonwarm.jit.cache.layout import entry_dir_name
+    from tritonwarm.jit.cache.remote import sha256
+
+    def meta(cache_hash, text):
+        return json.dumps({"hash": cache_hash, "from": text}).encode()
+
     store = _store(redis_server)
     for me in range(8):
         for i in range(40):
-            assert store.read_entry(f"OWN{me}x{i}", "__grp__k.json") == {
-                "k.cubin": f"cubin {me} {i}".encode() * 50, "k.json": f"meta {me} {i}".encode()}
-    shared = store.read_entry("SHARED", "__grp__k.json")
-    winner = shared["k.json"].decode().rsplit(" ", 1)[-1]  # one pusher's complete entry, never a mix
-    assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": f"meta from {winner}".encode()}
+            own_hash = sha256(f"own {me} {i}".encode())
+            assert store.read_entry(entry_dir_name(own_hash), "__grp__k.json") == {
+                "k.cubin": f"cubin {me} {i}".encode() * 50, "k.json": meta(own_hash, f"{me} {i}")}
+    shared_hash = sha256(b"shared")
+    shared = store.read_entry(entry_dir_name(shared_hash), "__grp__k.json")
+    winner = json.loads(shared["k.json"])["from"]  # one pusher's complete entry, never a mix
+    assert shared == {"k.cubin": f"cubin from {winner}".encode() * 50, "k.json": meta(shared_hash, winner)}
 
 
 @pytest.mark.slow

@@ -7,9 +7,12 @@ entry, all relative to the cache root. Triton's ``__grp__*.json`` holds absolute
 each group with paths relative to the cache root and ``install`` writes them for the destination.
 
 Reading is one bounded stream: the compressed bytes, the decompressed bytes, each member and the
-number of members are all capped while reading, so a decompression bomb stops at the cap. Every
-member must be a regular file at a name the header announces, with the hash it announces; anything
-else refuses the whole archive before a single entry is moved into the cache.
+number of members are all capped while reading, so a decompression bomb stops at the cap; the tar
+headers are read by ``tar_stream``, which checks each announced size before reading it. The header's
+counts (entries, files) are capped before a member is read, and every row is checked field by field.
+Every member must be a regular file at a name the header announces, with the hash it announces, and
+each entry's metadata must name its own cache hash; anything else refuses the whole archive before a
+single entry is moved into the cache. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import clipped
 from . import env
 from .layout import (
     CacheError,
@@ -43,8 +47,9 @@ from .layout import (
     write_json_atomic,
 )
 from .manifest import Manifest, files_match_record, manifests
-from .records import record_problem
+from .records import metadata_problem, record_problem
 from .sources import PlanSources
+from .tar_stream import Member, TarFormatError, TarStream
 
 HEADER_NAME = "tritonwarm-bundle.json"
 BUNDLE_FORMAT = 1
@@ -63,8 +68,15 @@ class Limits:
     archive_bytes: int = 8 << 30  # the compressed file
     total_bytes: int = 16 << 30  # decompressed bytes read while streaming (tar headers included)
     member_bytes: int = 1 << 30  # one file
-    header_bytes: int = 256 << 20  # the JSON header
-    members: int = 1_000_000
+    header_bytes: int = 16 << 20  # the JSON header
+    header_commas: int = 600_000  # ... bounds the values parsing it creates (with the next)
+    header_containers: int = 250_000  # its '[' and '{'
+    extended_header_bytes: int = 64 << 10  # one pax extended header or GNU long name
+    json_file_bytes: int = 1 << 20  # an entry's group or metadata, which are parsed
+    entries: int = 2_000
+    files_per_entry: int = 12
+    files: int = 16_000  # every file of every entry (groups not counted)
+    members: int = 18_001  # files, a group per entry, the header
 
 
 @dataclass
@@ -79,6 +91,7 @@ class BundleReport:
     differences: list[str] = field(default_factory=list)  # fingerprint vs this runtime
     installed: int = 0
     already: int = 0
+    set_aside: list[str] = field(default_factory=list)  # install: damaged manifests moved away, then rebuilt
     layout: list = field(default_factory=list, repr=False)  # install: (entry dir, entry name, hash, files)
 
     def to_json(self) -> dict:
@@ -134,7 +147,7 @@ def _kept_files(row: dict, binary_only: bool) -> list[str]:
     names = sorted(row["files"])
     if not binary_only:
         return names
-    metadata = f"{row['entry_name'][:150]}.json"
+    metadata = _metadata_name(row["entry_name"])
     return [n for n in names if n == metadata or n.rsplit(".", 1)[-1] in _BINARY_EXTS]
 
 
@@ -258,44 +271,51 @@ def _open_stream(path: Path, limits: Limits):
         gz = gzip.GzipFile(fileobj=compressed, mode="rb")
         plain = _Capped(gz, limits.total_bytes, f"{path}: the decompressed archive (a decompression bomb?)")
         try:
-            with tarfile.open(fileobj=plain, mode="r|", ignore_zeros=False) as tar:
-                yield tar
+            yield TarStream(plain, limits.extended_header_bytes)
         except BundleError:
             raise
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-            raise BundleError(f"{path}: not a readable tritonwarm bundle ({type(e).__name__}: {e})") from None
+        except (TarFormatError, OSError, EOFError, zlib.error) as e:
+            raise BundleError(f"{path}: not a readable tritonwarm bundle ({type(e).__name__}: {clipped(e)})") from None
 
 
-def _read_header(tar: tarfile.TarFile, path: Path, limits: Limits) -> dict:
+def _read_header(tar: TarStream, path: Path, limits: Limits) -> dict:
     first = tar.next()
     if first is None or first.name != HEADER_NAME:
-        raise BundleError(f"{path}: the first member is {first.name if first else 'missing'!r}, "
+        raise BundleError(f"{path}: the first member is {_member(first.name) if first else 'missing'}, "
                           f"not {HEADER_NAME}: not a tritonwarm bundle")
     _check_member_kind(first, path)
     if first.size > limits.header_bytes:
         raise BundleError(f"{path}: {HEADER_NAME} ({first.size} bytes) is over the limit of {limits.header_bytes}")
+    data = tar.read()
+    for what, count, cap in (("brackets ('[' and '{')", data.count(b"[") + data.count(b"{"), limits.header_containers),
+                             ("commas", data.count(b","), limits.header_commas)):
+        if count > cap:  # parsed, each is a Python object: 16 MiB of "[]," would take 400 MiB
+            raise BundleError(f"{path}: {HEADER_NAME} holds {count} {what}, over the limit of {cap} "
+                              "(far more than a real header)")
     try:
-        header = json.loads(tar.extractfile(first).read())
-    except ValueError as e:
-        raise BundleError(f"{path}: {HEADER_NAME}: not JSON ({e})") from None
-    _check_header(header, path)
+        header = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise BundleError(f"{path}: {HEADER_NAME}: not JSON ({clipped(e)})") from None
+    _check_header(header, path, limits)
     return header
 
 
-def _check_member_kind(member: tarfile.TarInfo, path: Path) -> None:
-    if member.issparse():  # its holes would expand past what the stream counts
-        raise BundleError(f"{path}: member {member.name!r} is a sparse file; a bundle holds plain files only")
+def _member(name: str) -> str:
+    """A member's name for a message: escaped and cut short (an archive chooses it)."""
+    return clipped(repr(name), 120)
+
+
+def _check_member_kind(member: Member, path: Path) -> None:
     if not member.isreg():
-        kind = ("a symbolic link" if member.issym() else "a hard link" if member.islnk() else
-                "a device file" if member.ischr() or member.isblk() else "a fifo" if member.isfifo() else
-                "a directory" if member.isdir() else "not a regular file")
-        raise BundleError(f"{path}: member {member.name!r} is {kind}; a bundle holds regular files only")
+        raise BundleError(f"{path}: member {_member(member.name)} is {member.kind}; a bundle holds regular files only")
 
 
-def _check_header(header, path: Path) -> None:
-    """Every name the header gives becomes a path: each must be a plain name of the expected shape."""
+def _check_header(header, path: Path, limits: Limits) -> None:
+    """Every name the header gives becomes a path: each must be a plain name of the expected shape.
+    Every row lands in the destination's manifest, which every later command reads: each field is
+    checked, type by type, here, before a byte is written."""
     def bad(where: str, why: str):
-        raise BundleError(f"{path}: {HEADER_NAME}: {where}: {why}")
+        raise BundleError(f"{path}: {HEADER_NAME}: {clipped(where, 120)}: {clipped(why)}")
 
     if not isinstance(header, dict) or header.get("format") != BUNDLE_FORMAT:
         bad("format", f"not a tritonwarm bundle of format {BUNDLE_FORMAT}")
@@ -306,6 +326,13 @@ def _check_header(header, path: Path) -> None:
             bad(f"targets.{target!r}", "not a target name")
         if not isinstance(rows, dict):
             bad(f"targets.{target}", "not a table of rows")
+    entries = sum(len(rows) for rows in header["targets"].values())
+    if entries > limits.entries:
+        bad("targets", f"{entries} entries, over the limit of {limits.entries} (far more than a real cache holds)")
+    files = sum(len(row["files"]) for rows in header["targets"].values() for row in rows.values()
+                if isinstance(row, dict) and isinstance(row.get("files"), dict))
+    if files > limits.files:
+        bad("targets", f"{files} files, over the limit of {limits.files} (far more than a real cache holds)")
     if not isinstance(header.setdefault("binary_only", False), bool):
         bad("binary_only", f"{header['binary_only']!r} is not true or false")
     environments = header.setdefault("environments", {})
@@ -316,10 +343,15 @@ def _check_header(header, path: Path) -> None:
     dirs: dict[str, tuple] = {}
     for target, rows in header["targets"].items():
         for cache_hash, row in rows.items():
-            problem = record_problem(cache_hash, row, target, files_required=True)  # a manifest row, with files
+            problem = record_problem(cache_hash, row, target, files_required=True, complete=True)  # with files
             if problem:
                 bad(f"targets.{target}.{problem[0]}", problem[1])
             where = f"targets.{target}.{cache_hash[:16]}"
+            if len(row["files"]) > limits.files_per_entry:
+                bad(f"{where}.files", f"{len(row['files'])} files, over the limit of {limits.files_per_entry} "
+                                      "(a Triton entry has under 10)")
+            if _metadata_name(row["entry_name"]) not in row["files"]:
+                bad(f"{where}.files", f"no {_metadata_name(row['entry_name'])!r}: Triton's metadata of the entry")
             named = row.get("environment")  # the environment it was warmed under, which the header carries
             if named is not None and named not in environments.get(target, {}):
                 bad(f"{where}.environment", f"{named!r} is not in environments.{target}")
@@ -332,16 +364,18 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
     """Read the whole bundle once, checking everything; ``sink(entry_dir, name, chunks)`` gets each file.
 
     Returns ``(header, decompressed file bytes)``. Group files are checked here and not passed on:
-    the destination's groups are written from the header.
+    the destination's groups are written from the header. Each entry's metadata (Triton's
+    ``<kernel>.json``) must name the cache hash its row is filed under.
     """
     with _open_stream(path, limits) as tar:
         header = _read_header(tar, path, limits)
-        expected, index = {}, _by_entry(header)
+        expected, index, metadata = {}, _by_entry(header), {}
         for entry_dir, entry_name, names in _entries(header):
             digests = index[entry_dir][1]["files"]
             for name in names:
                 expected[f"{entry_dir}/{name}"] = digests[name]
             expected[f"{entry_dir}/{_group_name(entry_name)}"] = None
+            metadata[f"{entry_dir}/{_metadata_name(entry_name)}"] = entry_dir
         seen: set[str] = set()
         total, count = 0, 1
         while (member := tar.next()) is not None:
@@ -350,42 +384,55 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
                 raise BundleError(f"{path}: more than {limits.members} members")
             name = member.name
             if name.startswith("/"):
-                raise BundleError(f"{path}: member {name!r} is an absolute path; refused")
+                raise BundleError(f"{path}: member {_member(name)} is an absolute path; refused")
             if ".." in name.replace("\\", "/").split("/"):
-                raise BundleError(f"{path}: member {name!r} climbs out with '..'; refused")
+                raise BundleError(f"{path}: member {_member(name)} climbs out with '..'; refused")
             _check_member_kind(member, path)
             if name not in expected:
-                raise BundleError(f"{path}: member {name!r} is outside the expected layout "
+                raise BundleError(f"{path}: member {_member(name)} is outside the expected layout "
                                   "(<entry folder>/<file> of an entry the header lists); refused")
             if name in seen:
-                raise BundleError(f"{path}: member {name!r} appears twice")
+                raise BundleError(f"{path}: member {_member(name)} appears twice")
             seen.add(name)
             if member.size > limits.member_bytes:
-                raise BundleError(f"{path}: member {name!r} ({member.size} bytes) is over the limit of "
+                raise BundleError(f"{path}: member {_member(name)} ({member.size} bytes) is over the limit of "
                                   f"{limits.member_bytes} bytes")
             entry_dir, file_name = name.split("/")
-            reader = tar.extractfile(member)
+            if (expected[name] is None or name in metadata) and member.size > limits.json_file_bytes:
+                raise BundleError(f"{path}: member {_member(name)} ({member.size} bytes) is over the limit of "
+                                  f"{limits.json_file_bytes} bytes for an entry's group or metadata")
             if expected[name] is None:
-                _check_group(reader.read(), entry_dir, index[entry_dir][1]["files"], path, name)
+                _check_group(tar.read(), entry_dir, index[entry_dir][1]["files"], path, name)
                 continue
             digest = hashlib.sha256()
+            kept = [] if name in metadata else None  # the metadata is parsed too: which hash it names
 
-            def chunks(reader=reader, digest=digest):
-                for chunk in iter(lambda: reader.read(1 << 20), b""):
+            def chunks(digest=digest, kept=kept):
+                for chunk in iter(lambda: tar.read(1 << 20), b""):
                     digest.update(chunk)
+                    if kept is not None:
+                        kept.append(chunk)
                     yield chunk
 
             sink(entry_dir, file_name, chunks())
             for _ in chunks():  # whatever the sink left unread still counts and is hashed
                 pass
             if digest.hexdigest() != expected[name]:
-                raise BundleError(f"{path}: member {name!r}: sha256 {digest.hexdigest()[:16]}… differs from the "
-                                  f"recorded {expected[name][:16]}…; the bundle is damaged or was altered")
+                raise BundleError(f"{path}: member {_member(name)}: sha256 {digest.hexdigest()[:16]}… differs from "
+                                  f"the recorded {expected[name][:16]}…; the bundle is damaged or was altered")
+            if kept is not None:
+                problem = metadata_problem(b"".join(kept), metadata[name])
+                if problem:
+                    raise BundleError(f"{path}: member {_member(name)}: {problem}; refused")
             total += member.size
         missing = sorted(set(expected) - seen)
         if missing:
-            raise BundleError(f"{path}: member {missing[0]!r} is missing ({len(missing)} missing in all)")
+            raise BundleError(f"{path}: member {_member(missing[0])} is missing ({len(missing)} missing in all)")
     return header, total
+
+
+def _metadata_name(entry_name: str) -> str:
+    return f"{entry_name[:150]}.json"  # Triton: the kernel's name, cut as the compiler cuts it
 
 
 def _by_entry(header: dict) -> dict[str, tuple[str, dict]]:
@@ -465,6 +512,7 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         header, total = _stream_files(path, limits, store)
         report = summary(path, header)
         report.bytes = total
+        report.set_aside = _set_aside_damaged_manifests(cache_dir, header["targets"])
         aside = staging / "replaced"
         aside.mkdir()
         index = _by_entry(header)
@@ -497,6 +545,19 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
         return report
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _set_aside_damaged_manifests(cache_dir: Path, targets) -> list[str]:
+    """A damaged manifest of a target the bundle fills is moved to ``<name>.damaged`` before any entry
+    moves in, so the merge that ends the install rebuilds it from the entries installed (a warm-up
+    with the specs records the others again); one line each, for the caller to print."""
+    lines = []
+    for target in sorted(targets):
+        aside = Manifest(cache_dir, target).set_aside_damaged()
+        if aside is not None:
+            lines.append(f"{aside.with_suffix('')} was damaged: set aside as {aside.name} and rebuilt from the "
+                         "entries this bundle installs (a warm-up with the specs records any others again)")
+    return lines
 
 
 def _fsync_dir(folder: Path) -> None:

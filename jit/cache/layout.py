@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -107,6 +108,7 @@ def ensure_writable(cache_dir: Path) -> None:
     """
     check_cache_dir(cache_dir, for_writing=True)
     folder = Path(cache_dir) / "tritonwarm"
+    refuse_links_in_state(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe-")
@@ -114,6 +116,42 @@ def ensure_writable(cache_dir: Path) -> None:
         os.unlink(probe)
     except OSError as e:
         raise CacheError(f"cannot warm into {cache_dir}: {e.strerror or e} (serving from it still works)") from None
+
+
+def refuse_links_in_state(folder: Path) -> None:
+    """tritonwarm opens its locks, manifests and staging folders in ``<cache>/tritonwarm/`` for writing
+    (a lock file is created and truncated): a symbolic or hard link there, placed by whoever else can
+    write the folder, would have them written at its target. Refuse it, in one line, before anything
+    is opened; the folder itself, its entries and theirs are checked, without following a link."""
+    def refuse(path: str, what: str):
+        raise CacheError(f"{path} is {what}: tritonwarm writes its own state in {folder} and follows no link "
+                         "there; remove it (or use another cache folder)")
+
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CacheError(f"{folder}: {e.strerror or e}") from None
+    if stat.S_ISLNK(st.st_mode):
+        refuse(str(folder), "a symbolic link")
+    if not stat.S_ISDIR(st.st_mode):
+        refuse(str(folder), "not a folder")
+    pending = [(str(folder), 0)]
+    while pending:
+        where, depth = pending.pop()
+        try:
+            with os.scandir(where) as found:
+                for item in found:
+                    if item.is_symlink():
+                        refuse(item.path, "a symbolic link")
+                    if item.is_dir(follow_symlinks=False):
+                        if depth < 1 and not item.name.startswith(".install-"):  # locks/, plans/ ...
+                            pending.append((item.path, depth + 1))
+                    elif item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_nlink > 1:
+                        refuse(item.path, "a hard link to another file")
+        except OSError as e:
+            raise CacheError(f"{where}: {e.strerror or e}") from None
 
 
 SERVE_AT_FILE = "serve-at.json"

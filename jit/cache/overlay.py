@@ -18,6 +18,7 @@ manager, unchanged.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from triton import knobs
@@ -26,6 +27,27 @@ from triton.runtime.cache import FileCacheManager, RemoteCacheManager
 from .layout import CacheError, complete_group
 
 OVERLAY_ENV = "TRITONWARM_OVERLAY_DIR"
+
+
+_owned: set[str] = set()  # overlay folders checked in this process
+
+
+def refuse_unless_own_folder(folder: str) -> None:
+    """The overlay is read as well as written: a folder another local account made (under ``/tmp``,
+    say) would hand this server the entries it planted. It must be this account's own folder, not a
+    link, and writable by no one else; it is made so (0755) when it does not exist yet (the first write)."""
+    try:
+        os.makedirs(folder, mode=0o755, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as e:
+        raise CacheError(f"{OVERLAY_ENV}={folder}: {e.strerror or e}") from None
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder" if not stat.S_ISDIR(st.st_mode)
+           else f"belongs to uid {st.st_uid}, not to this account (uid {os.geteuid()})" if st.st_uid != os.geteuid()
+           else f"is writable by {'its group' if st.st_mode & 0o020 else 'others'} (mode {st.st_mode & 0o777:o})"
+           if st.st_mode & 0o022 else None)
+    if why:
+        raise CacheError(f"{OVERLAY_ENV}={folder} {why}: the overlay's entries are loaded as they are, so it must "
+                         "be this serving account's own folder, writable by no one else: refused")
 
 
 class OverlayCacheManager(FileCacheManager):
@@ -39,12 +61,27 @@ class OverlayCacheManager(FileCacheManager):
             return
         self.key = key
         self.warmed_dir = os.path.join(knobs.cache.dir, key)
-        self.cache_dir = os.path.join(os.path.abspath(overlay), key)  # Triton's name for where it writes
+        self.overlay = os.path.abspath(overlay)
+        self._trusted(create=False)  # a folder another account prepared is refused at the first lookup
+        self.cache_dir = os.path.join(self.overlay, key)  # Triton's name for where it writes
         self.lock_path = os.path.join(self.cache_dir, "lock")
+
+    def _trusted(self, *, create: bool) -> bool:
+        """Whether the overlay folder exists and is this account's own (checked once a process); it
+        is made when ``create`` (the first write) and refused when another account's or open."""
+        if self.overlay in _owned:
+            return True
+        if not create and not os.path.lexists(self.overlay):
+            return False
+        refuse_unless_own_folder(self.overlay)
+        _owned.add(self.overlay)
+        return True
 
     def get_file(self, filename):
         if self.warmed_dir is not None and os.path.exists(os.path.join(self.warmed_dir, filename)):
             return os.path.join(self.warmed_dir, filename)
+        if self.warmed_dir is not None and not self._trusted(create=False):
+            return None
         return super().get_file(filename)
 
     def get_group(self, filename):
@@ -55,13 +92,16 @@ class OverlayCacheManager(FileCacheManager):
     def local_group(self, filename: str) -> dict[str, str] | None:
         """A complete group from the warmed folder, else from where this manager writes; None when
         neither has one (Triton 3.6's own lookup would hand over a partial group)."""
-        for folder in (self.warmed_dir, self.cache_dir):
+        overlay = self.cache_dir if self.warmed_dir is None or self._trusted(create=False) else None
+        for folder in (self.warmed_dir, overlay):
             group = complete_group(folder, filename) if folder else None
             if group is not None:
                 return group
         return None
 
     def put(self, data, filename, binary=True):
+        if self.warmed_dir is not None:
+            self._trusted(create=True)
         os.makedirs(self.cache_dir, exist_ok=True)  # the overlay's folder, made when it is first written
         return super().put(data, filename, binary=binary)
 

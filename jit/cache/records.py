@@ -7,6 +7,7 @@ never followed: a folder named in it is only ever the one its cache hash names.
 
 from __future__ import annotations
 
+import json
 import re
 
 from .layout import entry_dir_name
@@ -24,15 +25,51 @@ _OPTIONAL = {"cache_hash": str, "key": str, "specialization_data": str, "num_war
              "environment": (str, _NONE), "constexpr_globals": dict}
 
 
+# What a bundle's row must hold, since every reader of the manifest it lands in uses them.
+_COMPLETE = ("key", "specialization_data", "num_warps", "num_stages", "rows")
+# Tables and lists whose items are printed, hashed or sorted: each item must be text.
+_OF_TEXT = {"args": "table", "constexpr_globals": "table", "env": "table", "rows": "list"}
+
+
+def plain_file_name(name) -> bool:
+    """Triton's own naming of an entry's files: one path component (no separator, not absolute, no
+    ``..``, not empty), of the characters a kernel name and an extension are made of."""
+    return isinstance(name, str) and FILE_NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
+def metadata_problem(data: bytes, entry_dir: str) -> str | None:
+    """What is wrong with the metadata (Triton's ``<kernel>.json``) of the entry in folder ``entry_dir``:
+    Triton loads the kernel it describes, so it must name the cache hash that folder is named after
+    (another key's valid files would load another kernel); None when it does."""
+    try:
+        named = json.loads(data).get("hash")
+    except (ValueError, AttributeError, RecursionError):
+        return "the entry's metadata is not a JSON table"
+    if not isinstance(named, str) or not SHA256.fullmatch(named) or entry_dir_name(named) != entry_dir:
+        return (f"the entry's metadata names the cache hash {str(named)[:16]!r}..., not the one its folder "
+                f"{entry_dir[:16]}... is named after (another kernel's files)")
+    return None
+
+
+def _items_problem(value) -> str | None:
+    """What is wrong with a table or list that must hold text only (JSON keys are always text)."""
+    for item in value.values() if isinstance(value, dict) else value:
+        if not isinstance(item, str):
+            return f"holds {item!r:.40}, which is not text"
+    return None
+
+
 def _kind(types) -> str:
     names = [t.__name__ for t in (types if isinstance(types, tuple) else (types,)) if t is not _NONE]
     return {"str": "a string", "dict": "a table", "list": "a list", "int": "an integer"}.get(
         names[0], names[0]) if len(names) == 1 else "a number"
 
 
-def record_problem(cache_hash, record, target: str, *, files_required: bool = False) -> tuple[str, str] | None:
+def record_problem(cache_hash, record, target: str, *, files_required: bool = False,
+                   complete: bool = False) -> tuple[str, str] | None:
     """``(where, what is wrong)`` for the first field of ``record``, filed under ``target``, that
-    cannot be trusted (where: ``<hash>.<field>``); None when every field holds what a warm-up writes."""
+    cannot be trusted (where: ``<hash>.<field>``); None when every field holds what a warm-up writes.
+    ``complete``: every field a warm-up writes must be there (a bundle's row)."""
     if not isinstance(cache_hash, str) or not SHA256.fullmatch(cache_hash):
         return repr(str(cache_hash)[:20]), "not a cache hash"
     where = cache_hash[:16]
@@ -43,9 +80,20 @@ def record_problem(cache_hash, record, target: str, *, files_required: bool = Fa
     for name in _REQUIRED:
         if name not in record:
             return f"{where}.{name}", "missing"
+    for name in _COMPLETE if complete else ():
+        if name not in record:
+            return f"{where}.{name}", "missing"
     for name, types in {**_REQUIRED, **_OPTIONAL}.items():
-        if name in record and not isinstance(record[name], types):
-            return f"{where}.{name}", f"{record[name]!r:.40} is not {_kind(types)}"
+        value = record.get(name)
+        if name in record and (not isinstance(value, types) or (isinstance(value, bool) and bool not in
+                                                                 (types if isinstance(types, tuple) else (types,)))):
+            return f"{where}.{name}", f"{value!r:.40} is not {_kind(types)}"
+        problem = _items_problem(value) if name in _OF_TEXT and name in record else None
+        if problem:
+            return f"{where}.{name}", problem
+    for name, low in (("num_warps", 1), ("num_stages", 0)):
+        if name in record and not low <= record[name] <= 1024:
+            return f"{where}.{name}", f"{record[name]!r} is out of range"
     if record["target"] != target:
         return f"{where}.target", f"{record['target']!r} is filed under {target}"
     if record.get("cache_hash", cache_hash) != cache_hash:
@@ -56,7 +104,7 @@ def record_problem(cache_hash, record, target: str, *, files_required: bool = Fa
     if (files_required or "files" in record) and not files:  # rows written before files were hashed lack them
         return f"{where}.files", "missing"
     for name, digest in (files or {}).items():
-        if not FILE_NAME.fullmatch(str(name)) or name.startswith("__grp__"):
+        if not plain_file_name(name) or name.startswith("__grp__"):
             return f"{where}.files", f"{str(name)[:40]!r} is not a cache file name"
         if not isinstance(digest, str) or not SHA256.fullmatch(digest):
             return f"{where}.files.{name}", "not a sha256"

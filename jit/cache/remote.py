@@ -21,11 +21,14 @@ In Redis, content-addressed::
     tritonwarm:blob:<sha256>             the bytes whose sha256 is in the key
     tritonwarm:file:<entry>:<file name>  the sha256 of that entry's file
 
-An entry's group file (``__grp__<kernel>.json``) is stored like any other file, but its JSON names
-each child's sha256 instead of a path: a group and its children read as one consistent set wherever
-the cache is served from, and a value whose bytes do not hash to its key reads as a miss. Writes are
-idempotent (the same bytes land on the same keys) and the group goes last in one transaction, so
-concurrent pushers lose nothing and a reader never sees a group before its files.
+Redis is not trusted: a group's children must be plain file names of the entry and its metadata must
+name the entry's key, else the entry is a miss with one warning; C modules are never fetched (see
+docs/security.md). An entry's group file (``__grp__<kernel>.json``) is stored like any other file,
+but its JSON names each child's sha256 instead of a path: a group and its children read as one
+consistent set wherever the cache is served from, and a value whose bytes do not hash to its key
+reads as a miss. Writes are idempotent (the same bytes land on the same keys) and the group goes
+last in one transaction, so concurrent pushers lose nothing and a reader never sees a group before
+its files.
 
 When Redis cannot be reached, serving goes on with the local cache: one warning per process, another
 try at most every ``RETRY_AFTER_S`` seconds, connect and read timeouts of ``TRITONWARM_REDIS_TIMEOUT``
@@ -47,8 +50,10 @@ from urllib.parse import urlsplit
 
 from triton.runtime.cache import RemoteCacheBackend
 
+from ...errors import clipped
 from .layout import CacheError, entry_files, file_sha256
 from .overlay import OverlayCacheManager
+from .records import metadata_problem, plain_file_name
 
 URL_ENV = "TRITONWARM_REDIS_URL"
 TIMEOUT_ENV = "TRITONWARM_REDIS_TIMEOUT"
@@ -74,28 +79,34 @@ def sha256(data: bytes) -> str:
 
 def parse_redis_url(url: str) -> dict:
     """``redis://[[user]:password@]HOST[:PORT][/DB]`` (or ``rediss://`` for TLS) as client arguments."""
+    shown = shown_url(url)
     try:
         parts = urlsplit(url)
         port = parts.port or 6379
     except ValueError as e:
-        raise RemoteCacheError(f"bad Redis URL {url!r}: {e}") from None
+        why = "the port is not a number from 0 to 65535" if "port" in str(e).lower() else "malformed"
+        raise RemoteCacheError(f"bad Redis URL {shown!r}: {why}") from None  # (the error quotes the URL's text)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise RemoteCacheError(f"bad Redis URL {url!r}: expected redis://HOST:PORT[/DB]")
+        raise RemoteCacheError(f"bad Redis URL {shown!r}: expected redis://HOST:PORT[/DB]")
     if parts.query or parts.fragment:
-        raise RemoteCacheError(f"bad Redis URL {url!r}: no query or fragment expected")
+        raise RemoteCacheError(f"bad Redis URL {shown!r}: no query or fragment expected")
     db_text = parts.path.strip("/") or "0"
     if not db_text.isdigit():
-        raise RemoteCacheError(f"bad Redis URL {url!r}: the database after '/' must be a number, got {db_text!r}")
+        raise RemoteCacheError(f"bad Redis URL {shown!r}: the database after '/' must be a number, "
+                               f"got {clipped(db_text, 40)!r}")
     return {"host": parts.hostname, "port": port, "db": int(db_text), "username": parts.username or None,
             "password": parts.password or None, "ssl": parts.scheme == "rediss"}
 
 
 def shown_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
+    """The URL for messages: everything between ``//`` and the last ``@`` but the user name masked,
+    whether or not the URL parses (a password may hold ``/``, ``#`` or ``@``), and escaped."""
+    scheme, sep, rest = url.rpartition("://")
+    credentials, at, host = rest.rpartition("@")
+    if at:
+        user, colon, _ = credentials.partition(":")
+        rest = f"{user}:***@{host}" if colon else f"***@{host}"
+    return clipped(f"{scheme}{sep}{rest}", 200)
 
 
 def timeout_s() -> float:
@@ -144,7 +155,13 @@ class RedisStore:
         self._do(self._client.ping)
 
     def read_files(self, entry: str, names: list[str], known: dict[str, str] | None = None) -> dict[str, bytes]:
-        """The named files whose bytes match their recorded sha256 (``known`` saves asking for it)."""
+        """The named files whose bytes match their recorded sha256 (``known`` saves asking for it).
+        A name that is no plain file name of the entry, or names a host library, is never asked for."""
+        bad = next((n for n in names if not plain_file_name(n) or n.endswith(HOST_CODE)), None)
+        if bad is not None:
+            if not bad.endswith(HOST_CODE):
+                refused(entry, f"{clipped(repr(bad), 80)} is not a plain file name of the entry")
+            return {}
         known = known or {}
         ask = [n for n in names if n not in known]
         digests = dict(known)
@@ -159,27 +176,41 @@ class RedisStore:
 
     def entry_state(self, entry: str, group_name: str) -> tuple[str, dict[str, bytes]]:
         """``("ok", files)``, ``("missing", {})`` or ``("corrupt", {})`` for one entry's group and children."""
+        state, files, _ = self.inspect_entry(entry, group_name)
+        return state, files
+
+    def inspect_entry(self, entry: str, group_name: str) -> tuple[str, dict[str, bytes], str | None]:
+        """``entry_state`` and, for an entry refused for what it says (not for damage), why: a child
+        name that is no plain file name of the entry, or metadata naming another cache hash."""
         digest = self._do(lambda: self._client.get(self._file_key(entry, group_name)))
         if digest is None:
-            return "missing", {}
+            return "missing", {}, None
         digest = _text(digest)
         group = self._do(lambda: self._client.get(self._blob_key(digest)))
         if group is None:
-            return "missing", {}
+            return "missing", {}, None
         children = _group_hashes(group) if sha256(group) == digest else None
         if children is None:
-            return "corrupt", {}
+            return "corrupt", {}, None
+        why = names_problem(children, group_name)
+        if why:
+            return "corrupt", {}, why
         names = sorted(children)
         blobs = self._do(lambda: self._client.mget([self._blob_key(children[n]) for n in names])) if names else []
         if any(b is None for b in blobs):
-            return "missing", {}
+            return "missing", {}, None
         if any(sha256(b) != children[n] for n, b in zip(names, blobs, strict=True)):
-            return "corrupt", {}
-        return "ok", dict(zip(names, blobs, strict=True))
+            return "corrupt", {}, None
+        files = dict(zip(names, blobs, strict=True))
+        why = metadata_problem(files[group_name[len(GROUP_PREFIX):]], entry)
+        return ("corrupt", {}, why) if why else ("ok", files, None)
 
     def read_entry(self, entry: str, group_name: str) -> dict[str, bytes] | None:
-        """Every child of the entry, verified, or None: a missing or damaged part is a miss."""
-        state, files = self.entry_state(entry, group_name)
+        """Every child of the entry, verified, or None: a missing or damaged part is a miss, and an
+        entry refused for what it says is a miss with one warning."""
+        state, files, why = self.inspect_entry(entry, group_name)
+        if why:
+            refused(entry, why)
         return files if state == "ok" else None
 
     def write_files(self, entry: str, files: dict[str, bytes]) -> None:
@@ -199,6 +230,30 @@ class RedisStore:
         """A whole entry in one transaction: children, then the group naming them by hash."""
         hashes = {name: sha256(data) for name, data in files.items()}
         self.write_files(entry, {**files, group_name: _group_json(hashes)})
+
+
+HOST_CODE = (".so", ".pyd", ".dll", ".dylib")  # C modules Triton loads into the process: built locally, never fetched
+_refused: set[str] = set()
+
+
+def names_problem(children: dict, group_name: str) -> str | None:
+    """Why an entry's group, as fetched, cannot be written into a cache folder: Triton writes each
+    child at ``os.path.join(entry folder, name)``, so a name must be a plain file name of the entry
+    (no separator, not absolute, no ``..``, not empty), and the group must hold the entry's metadata."""
+    for name in children:
+        if not plain_file_name(name) or name.startswith(GROUP_PREFIX) or name.endswith(HOST_CODE):
+            return f"its group names {clipped(repr(name), 80)}, which is not a plain file name of the entry"
+    if group_name[len(GROUP_PREFIX):] not in children:
+        return f"its group lacks the entry's metadata {clipped(group_name[len(GROUP_PREFIX):], 80)}"
+    return None
+
+
+def refused(entry: str, why: str) -> None:
+    """One warning per entry and process: a refused entry is a miss, which Triton compiles locally."""
+    if entry not in _refused:
+        _refused.add(entry)
+        log.warning("tritonwarm: shared Triton cache entry %s refused, compiling it locally: %s",
+                    clipped(entry, 80), why)
 
 
 def _text(value: bytes | str) -> str:
@@ -296,7 +351,7 @@ class RedisCacheManager(OverlayCacheManager):
 
     def put(self, data, filename, binary=True):
         path = super().put(data, filename, binary=binary)
-        if self._remote is not None and not filename.startswith(GROUP_PREFIX):
+        if self._remote is not None and not filename.startswith(GROUP_PREFIX) and not filename.endswith(HOST_CODE):
             payload = data if isinstance(data, bytes) else str(data).encode()
             self._remote.call(lambda store: store.write_files(self._entry, {filename: payload}))
         return path
@@ -350,9 +405,13 @@ class RedisBackend(RemoteCacheBackend):
         self._entry = key
         self._remote = fleet_cache()
         self._hashes: dict[str, str] = {}  # file name → sha256, from a group read or a put
+        self._metadata: str | None = None  # the entry's metadata file, once its group was read
 
     def get(self, filenames: Iterable[str]) -> dict[str, bytes]:
         names = list(filenames)  # Triton passes a group's child_paths: our dict of name → hash, or its list of names
+        if not all(plain_file_name(n) for n in names):  # Triton would write each at os.path.join(entry, name)
+            refused(self._entry, "a group names a file that is not a plain file name of the entry")
+            return {}
         found = None
         if self._remote is not None:
             found = self._remote.call(lambda store: store.read_files(self._entry, names, self._hashes))
@@ -360,12 +419,24 @@ class RedisBackend(RemoteCacheBackend):
             found = self._local(names)
         for name, data in found.items():
             if name.startswith(GROUP_PREFIX):
-                self._hashes.update(_group_hashes(data) or {})
+                children = _group_hashes(data) or {}
+                why = names_problem(children, name) if children else None
+                if why:
+                    refused(self._entry, why)
+                    return {}
+                self._hashes.update(children)
+                self._metadata = name[len(GROUP_PREFIX):]
         if len(names) > 1 and len(found) != len(names):
             return {}  # a group's children: all or none (Triton 3.6 would load a partial group)
+        why = metadata_problem(found[self._metadata], self._entry) if self._metadata in found else None
+        if why:
+            refused(self._entry, why)
+            return {}
         return found
 
     def put(self, filename: str, data: bytes) -> None:
+        if filename.endswith(HOST_CODE):  # never fetched: pushing it would only take room
+            return
         if filename.startswith(GROUP_PREFIX):
             try:
                 names = list(json.loads(data)["child_paths"])
@@ -441,8 +512,10 @@ def check_remote(variants: Iterable, store: RedisStore, target: str) -> RemoteRe
     variants = list(variants)
     report = RemoteReport(store.url, target, planned=len(variants))
     for variant in variants:
-        state, _ = store.entry_state(variant.entry_dir, _group_name(variant))
+        state, _, why = store.inspect_entry(variant.entry_dir, _group_name(variant))
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args}
+        if why:
+            summary["why"] = why
         if state == "ok":
             report.present.append(variant.variant_id)
         else:
