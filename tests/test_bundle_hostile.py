@@ -260,3 +260,22 @@ def test_not_a_gzip_or_not_a_tar(tmp_path, capsys):
     assert main(["bundle", "verify", str(plain)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "junk.tar.gz" in err and "plain.tar.gz" in err
+
+
+@pytest.mark.parametrize("case", ["unlisted entry", "metadata not an object", "pax header bomb"])
+def test_image_of_a_hostile_bundle_is_refused_in_one_error(tmp_path, good, case):
+    """Making an image reads the bundle with the same reader and member checks: a member of no entry
+    the header lists, or metadata that is no JSON object, is one BundleError and leaves no blob."""
+    from tritonwarm.jit.cache import oci
+
+    metadata = next(n for n, _ in good if n.endswith(".json") and "__grp__" not in n and n != HEADER_NAME)
+    members, extra, words = {
+        "unlisted entry": (good, [(_info("NOTANENTRY/x.json", 2), b"{}")], "outside the expected layout"),
+        "metadata not an object": (_replace(good, metadata, b"[]"), [], "not Triton's metadata"),
+        "pax header bomb": (good, [(_info(metadata.split("/")[0] + "/" + "a" * (1 << 20), 3), b"bad")],
+                            "pax extended header"),
+    }[case]
+    bundle = _build(tmp_path / "hostile.tar.gz", members, extra)
+    with pytest.raises(BundleError, match=words):
+        oci.bundle_to_layout(bundle, tmp_path / "image")
+    assert not [p for p in (tmp_path / "image" / "blobs" / "sha256").iterdir()]

@@ -23,6 +23,7 @@ from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.c_launchers import builds_per_signature
 from tritonwarm.jit.cache import oci, signing
+from tritonwarm.jit.cache.bundle import BundleError, Limits
 from tritonwarm.jit.check import check
 from tritonwarm.jit.plan import plan
 from tritonwarm.jit.specs import load_specs
@@ -265,10 +266,11 @@ def test_hostile_layers_and_layouts_are_refused_in_one_line(tmp_path, capsys):
     cases = [
         ([_file("io.triton.cache/ABC/x.json")], "not a tritonwarm image"),
         ([header, _file("etc/passwd")], "outside the image's layout"),
-        ([header, _file("io.triton.cache/../x")], "is not <entry folder>/<file name>"),
+        ([header, _file("io.triton.cache/../x")], "climbs out with '..'"),
+        ([header, _file("io.triton.cache/ABC/.x")], "is not <entry folder>/<file name>"),
         ([header, _file("io.triton.cache/ABC/sub/x")], "outside the image's layout"),
         ([header, (link, None)], "not a regular file"),
-        ([header, (bomb, b"")], "extended tar header"),
+        ([header, (bomb, b"")], "pax extended header of"),
         ([header], "tritonwarm-bundle.json"),  # the header itself is checked by the bundle reader
     ]
     dest = tmp_path / "dest"
@@ -332,3 +334,12 @@ def test_the_docs_commands_run_as_written(tmp_path, registry, spec_file):
     assert proc.stdout.count("signature: good, by trusted key") == 5
     assert "installed 2, already there 0 of 2 entries into" in proc.stdout
     assert "sm90: ok: 2 planned, 0 missing" in proc.stdout
+
+
+def test_layer_members_are_counted_as_they_are_read(tmp_path):
+    """A layer of more members than a bundle may hold (and MCV's manifest) stops at the count, before
+    the bundle it would become is written whole."""
+    layout = _layout_with_layer(tmp_path, [_file("tritonwarm-bundle.json", b"{}")]
+                                + [_file(f"io.triton.cache/ABC/f{i}.json") for i in range(5)])
+    with pytest.raises(BundleError, match="more than 4 members"):
+        oci.layer_to_bundle(oci.open_image(layout), tmp_path / "out.tar.gz", Limits(members=3))

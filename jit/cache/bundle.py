@@ -253,29 +253,33 @@ class _Capped(io.RawIOBase):
 
 def read_header(path: Path, limits: Limits = Limits()) -> dict:
     """Only the header (the first member): rows, fingerprint; no file is read."""
-    with _open_stream(path, limits) as tar:
+    with open_archive(path, limits) as tar:
         return _read_header(tar, path, limits)
 
 
 @contextlib.contextmanager
-def _open_stream(path: Path, limits: Limits):
+def open_archive(path: Path, limits: Limits, what: str | None = None, kind: str = "tritonwarm bundle"):
+    """The members of a gzip tar (a bundle, or an image's layer) as one bounded ``TarStream``: the file,
+    the decompressed bytes and every tar header capped before they are read. ``what`` names the
+    archive in messages (default: its path); ``kind`` says what it should have been."""
     path = Path(path)
+    what = str(path) if what is None else what
     try:
         size = os.path.getsize(path)
     except OSError as e:
-        raise BundleError(f"{path}: {e.strerror or e}") from None
+        raise BundleError(f"{what}: {e.strerror or e}") from None
     if size > limits.archive_bytes:
-        raise BundleError(f"{path}: the archive ({size} bytes) is over the limit of {limits.archive_bytes} bytes")
+        raise BundleError(f"{what}: the archive ({size} bytes) is over the limit of {limits.archive_bytes} bytes")
     with open(path, "rb") as raw:
-        compressed = _Capped(raw, limits.archive_bytes, f"{path}: the archive")
+        compressed = _Capped(raw, limits.archive_bytes, f"{what}: the archive")
         gz = gzip.GzipFile(fileobj=compressed, mode="rb")
-        plain = _Capped(gz, limits.total_bytes, f"{path}: the decompressed archive (a decompression bomb?)")
+        plain = _Capped(gz, limits.total_bytes, f"{what}: the decompressed archive (a decompression bomb?)")
         try:
             yield TarStream(plain, limits.extended_header_bytes)
         except BundleError:
             raise
         except (TarFormatError, OSError, EOFError, zlib.error) as e:
-            raise BundleError(f"{path}: not a readable tritonwarm bundle ({type(e).__name__}: {clipped(e)})") from None
+            raise BundleError(f"{what}: not a readable {kind} ({type(e).__name__}: {clipped(e)})") from None
 
 
 def _read_header(tar: TarStream, path: Path, limits: Limits) -> dict:
@@ -283,9 +287,7 @@ def _read_header(tar: TarStream, path: Path, limits: Limits) -> dict:
     if first is None or first.name != HEADER_NAME:
         raise BundleError(f"{path}: the first member is {_member(first.name) if first else 'missing'}, "
                           f"not {HEADER_NAME}: not a tritonwarm bundle")
-    _check_member_kind(first, path)
-    if first.size > limits.header_bytes:
-        raise BundleError(f"{path}: {HEADER_NAME} ({first.size} bytes) is over the limit of {limits.header_bytes}")
+    check_member(first, path, limits.header_bytes)
     data = tar.read()
     for what, count, cap in (("brackets ('[' and '{')", data.count(b"[") + data.count(b"{"), limits.header_containers),
                              ("commas", data.count(b","), limits.header_commas)):
@@ -305,9 +307,19 @@ def _member(name: str) -> str:
     return clipped(repr(name), 120)
 
 
-def _check_member_kind(member: Member, path: Path) -> None:
+def check_member(member: Member, where, max_bytes: int) -> None:
+    """What every member of an archive tritonwarm reads must be: a regular file, at a relative name
+    that stays inside, of at most ``max_bytes``. Where it belongs is the caller's to check."""
+    name = member.name
+    if name.startswith("/"):
+        raise BundleError(f"{where}: member {_member(name)} is an absolute path; refused")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise BundleError(f"{where}: member {_member(name)} climbs out with '..'; refused")
     if not member.isreg():
-        raise BundleError(f"{path}: member {_member(member.name)} is {member.kind}; a bundle holds regular files only")
+        raise BundleError(f"{where}: member {_member(name)} is {member.kind}, not a regular file; refused")
+    if member.size > max_bytes:
+        raise BundleError(f"{where}: member {_member(name)} ({member.size} bytes) is over the limit of "
+                          f"{max_bytes} bytes")
 
 
 def _check_header(header, path: Path, limits: Limits) -> None:
@@ -367,7 +379,7 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
     the destination's groups are written from the header. Each entry's metadata (Triton's
     ``<kernel>.json``) must name the cache hash its row is filed under.
     """
-    with _open_stream(path, limits) as tar:
+    with open_archive(path, limits) as tar:
         header = _read_header(tar, path, limits)
         expected, index, metadata = {}, _by_entry(header), {}
         for entry_dir, entry_name, names in _entries(header):
@@ -383,20 +395,13 @@ def _stream_files(path: Path, limits: Limits, sink: Callable[[str, str, Iterable
             if count > limits.members:
                 raise BundleError(f"{path}: more than {limits.members} members")
             name = member.name
-            if name.startswith("/"):
-                raise BundleError(f"{path}: member {_member(name)} is an absolute path; refused")
-            if ".." in name.replace("\\", "/").split("/"):
-                raise BundleError(f"{path}: member {_member(name)} climbs out with '..'; refused")
-            _check_member_kind(member, path)
+            check_member(member, path, limits.member_bytes)
             if name not in expected:
                 raise BundleError(f"{path}: member {_member(name)} is outside the expected layout "
                                   "(<entry folder>/<file> of an entry the header lists); refused")
             if name in seen:
                 raise BundleError(f"{path}: member {_member(name)} appears twice")
             seen.add(name)
-            if member.size > limits.member_bytes:
-                raise BundleError(f"{path}: member {_member(name)} ({member.size} bytes) is over the limit of "
-                                  f"{limits.member_bytes} bytes")
             entry_dir, file_name = name.split("/")
             if (expected[name] is None or name in metadata) and member.size > limits.json_file_bytes:
                 raise BundleError(f"{path}: member {_member(name)} ({member.size} bytes) is over the limit of "
@@ -703,5 +708,5 @@ def _merge_row(old: dict | None, new: dict, path: Path, cache_hash: str) -> dict
     return merged
 
 
-__all__ = ["BUNDLE_FORMAT", "BundleError", "BundleReport", "HEADER_NAME", "Limits", "collect", "create", "install",
-           "merge", "read_header", "verify", "write", "file_sha256"]
+__all__ = ["BUNDLE_FORMAT", "BundleError", "BundleReport", "HEADER_NAME", "Limits", "check_member", "collect", "create",
+           "install", "merge", "open_archive", "read_header", "verify", "write", "file_sha256"]

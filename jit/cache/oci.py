@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import signing
-from .bundle import HEADER_NAME, BundleError, BundleReport, Limits, read_header, summary
+from .bundle import HEADER_NAME, BundleError, BundleReport, Limits, check_member, open_archive, read_header, summary
 from .layout import file_mode
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -55,70 +55,23 @@ _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")  # a Triton entry folder or file name, no ".."
 _JSON_MAX = 4 << 20  # index.json, a manifest, a config
-_EXT_HEADER_MAX = 64 << 10  # a pax or GNU long-name header: a path, a size
 _LIMITS = Limits()
 
 
 class _Hashing(io.RawIOBase):
-    """A file reader or writer that hashes what passes and refuses to read past ``limit`` bytes."""
+    """A writer that hashes and counts what passes: a blob's digest and size, a layer's diff id."""
 
-    def __init__(self, inner, what: str = "", limit: int | None = None):
-        self.inner, self.what, self.limit = inner, what, limit
+    def __init__(self, inner):
+        self.inner = inner
         self.digest, self.count = hashlib.sha256(), 0
-
-    def readable(self) -> bool:
-        return True
 
     def writable(self) -> bool:
         return True
 
-    def read(self, size: int = -1) -> bytes:
-        if self.limit is not None and (size is None or size < 0 or size > self.limit - self.count + 1):
-            size = self.limit - self.count + 1
-        data = self.inner.read(size)
-        self._count(data)
-        if self.limit is not None and self.count > self.limit:
-            raise BundleError(f"{self.what} is over the limit of {self.limit} bytes")
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
     def write(self, data) -> int:
-        self._count(data)
-        return self.inner.write(data)
-
-    def _count(self, data) -> None:
         self.digest.update(data)
         self.count += len(data)
-
-
-class _BoundedTarInfo(tarfile.TarInfo):
-    """Refuses an extended (pax or GNU long-name) header before tarfile reads it whole into memory."""
-
-    def _proc_member(self, tar):
-        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
-                    tarfile.SOLARIS_XHDTYPE)
-        if self.type in extended and self.size > _EXT_HEADER_MAX:
-            raise BundleError(f"an extended tar header of {self.size} bytes (over {_EXT_HEADER_MAX}); refused")
-        return super()._proc_member(tar)
-
-
-@contextlib.contextmanager
-def _read_tar_gz(path: Path, limits: Limits, what: str):
-    """A streaming reader of a gzip tar, every byte and header bounded."""
-    with open(path, "rb") as raw:
-        compressed = _Hashing(raw, f"{what}", limits.archive_bytes)
-        plain = _Hashing(gzip.GzipFile(fileobj=compressed, mode="rb"), f"{what}: decompressed", limits.total_bytes)
-        try:
-            with tarfile.open(fileobj=plain, mode="r|", tarinfo=_BoundedTarInfo) as tar:
-                yield tar
-        except BundleError as e:
-            raise BundleError(str(e) if str(e).startswith(what) else f"{what}: {e}") from None
-        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
-            raise BundleError(f"{what}: not a readable gzip tar ({type(e).__name__}: {e})") from None
+        return self.inner.write(data)
 
 
 @contextlib.contextmanager
@@ -136,14 +89,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, size: in
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = (len(data) if data is not None else size), 0o644, 0
     tar.addfile(info, io.BytesIO(data) if data is not None else stream)
-
-
-def _check_member(member: tarfile.TarInfo, what: str, limits: Limits) -> None:
-    if not member.isreg() or member.issparse():
-        raise BundleError(f"{what}: member {member.name!r} is not a regular file; refused")
-    if member.size > limits.member_bytes:
-        raise BundleError(f"{what}: member {member.name!r} ({member.size} bytes) is over the limit of "
-                          f"{limits.member_bytes} bytes")
 
 
 # ---------------------------------------------------------------------------------------------- create
@@ -166,28 +111,30 @@ def bundle_to_layout(bundle: Path, out: Path, *, tag: str = DEFAULT_TAG, serve_a
     os.close(fd)
     entries, cache_bytes = [], 0
     try:
-        with _writing_tar_gz(Path(tmp)) as (tar, diff, blob), _read_tar_gz(bundle, limits, str(bundle)) as source:
-            for member in source:
-                _check_member(member, str(bundle), limits)
-                reader = source.extractfile(member)
+        with _writing_tar_gz(Path(tmp)) as (tar, diff, blob), open_archive(bundle, limits) as source:
+            while (member := source.next()) is not None:
+                check_member(member, bundle, limits.member_bytes)
                 if member.name == HEADER_NAME:
-                    _add(tar, HEADER_NAME, reader.read())
+                    _add(tar, HEADER_NAME, source.read())
                     continue
-                entry_dir, name = member.name.split("/")
+                entry_dir, _, name = member.name.partition("/")
+                if entry_dir not in names or not _PLAIN.fullmatch(name):
+                    raise BundleError(f"{bundle}: member {member.name[:100]!r} is outside the expected layout "
+                                      "(<entry folder>/<file> of an entry the header lists); refused")
                 if name.startswith("__grp__"):
-                    children = json.loads(reader.read())["child_paths"]
+                    children = _group_children(_json_member(source, member, bundle), bundle, member.name)
                     at = f"{serve_at}/" if serve_at is not None else ""
-                    data = json.dumps({"child_paths": {n: f"{at}{entry_dir}/{n}" for n in sorted(children)}},
+                    data = json.dumps({"child_paths": {n: f"{at}{entry_dir}/{n}" for n in children}},
                                       sort_keys=True).encode()
                     _add(tar, f"{CACHE_FOLDER}/{member.name}", data)
                     cache_bytes += len(data)
                     continue
                 if name == f"{names[entry_dir][:150]}.json":
-                    data = reader.read()
-                    entries.append(_mcv_entry(data))
+                    data = _json_member(source, member, bundle)
+                    entries.append(_mcv_entry(data, bundle, member.name))
                     _add(tar, f"{CACHE_FOLDER}/{member.name}", data)
                 else:
-                    _add(tar, f"{CACHE_FOLDER}/{member.name}", size=member.size, stream=reader)
+                    _add(tar, f"{CACHE_FOLDER}/{member.name}", size=member.size, stream=source)
                 cache_bytes += member.size
             _add(tar, MCV_MANIFEST, json.dumps({"triton": entries}, indent=1, sort_keys=True).encode())
         layer = {"mediaType": LAYER_MEDIA_TYPE, "digest": f"sha256:{blob.digest.hexdigest()}", "size": blob.count}
@@ -257,10 +204,22 @@ def _set_tag(out: Path, tag: str, descriptor: dict, replacing: str | None = None
     _write_text(out / "index.json", json.dumps(index, sort_keys=True, indent=1))
 
 
-def _mcv_entry(metadata: bytes) -> dict:
+def _json_member(source, member, where) -> bytes:
+    """The bytes of a member that is parsed (a group, Triton's metadata): a few KiB, capped."""
+    if member.size > _JSON_MAX:
+        raise BundleError(f"{where}: member {member.name[:100]!r} is over {_JSON_MAX} bytes; not a group or metadata")
+    return source.read()
+
+
+def _mcv_entry(metadata: bytes, where, name: str) -> dict:
     """MCV's manifest row of one entry, from Triton's metadata file."""
-    data = json.loads(metadata)
-    target = data.get("target") or {}
+    try:
+        data = json.loads(metadata)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise BundleError(f"{where}: member {name[:100]!r} is not Triton's metadata (a JSON object); refused")
+    target = data.get("target") if isinstance(data.get("target"), dict) else {}
     row = {"hash": data.get("hash"), "backend": target.get("backend"), "arch": str(target.get("arch")),
            "warp_size": target.get("warp_size"), "num_warps": data.get("num_warps"),
            "num_stages": data.get("num_stages"), "debug": bool(data.get("debug"))}
@@ -384,21 +343,22 @@ def _check_blob(path: Path, digest: str, size, layout: Path) -> None:
 def layer_to_bundle(image: Image, out: Path, limits: Limits = _LIMITS) -> None:
     """Turn the image's layer back into a plain bundle at ``out`` (which ``install`` then checks whole)."""
     what = f"{image.name}: layer"
-    with _writing_tar_gz(Path(out)) as (tar, _, _), _read_tar_gz(image.layer, limits, what) as source:
-        first = True
-        for member in source:
-            _check_member(member, what, limits)
+    with _writing_tar_gz(Path(out)) as (tar, _, _), open_archive(image.layer, limits, what, "gzip tar") as source:
+        count = 0
+        while (member := source.next()) is not None:
+            count += 1
+            if count > limits.members + 1:  # a bundle's members, and MCV's manifest
+                raise BundleError(f"{what}: more than {limits.members + 1} members")
+            check_member(member, what, limits.member_bytes)
             name = member.name
-            if first and name != HEADER_NAME:
+            if count == 1 and name != HEADER_NAME:
                 raise BundleError(f"{what}: the first member is {name[:100]!r}, not {HEADER_NAME}: not a "
                                   "tritonwarm image")
-            first = False
-            reader = source.extractfile(member)
             if name == HEADER_NAME:
                 if member.size > limits.header_bytes:
                     raise BundleError(f"{what}: {HEADER_NAME} ({member.size} bytes) is over the limit of "
                                       f"{limits.header_bytes} bytes")
-                _add(tar, HEADER_NAME, size=member.size, stream=reader)
+                _add(tar, HEADER_NAME, size=member.size, stream=source)
             elif name == MCV_MANIFEST:
                 continue
             elif name.startswith(CACHE_FOLDER + "/") and name.count("/") == 2:
@@ -406,17 +366,15 @@ def layer_to_bundle(image: Image, out: Path, limits: Limits = _LIMITS) -> None:
                 if not _PLAIN.fullmatch(entry_dir) or not _PLAIN.fullmatch(file_name):
                     raise BundleError(f"{what}: member {name[:100]!r} is not <entry folder>/<file name>; refused")
                 if file_name.startswith("__grp__"):  # the bundle's form: relative children (install rewrites them)
-                    if member.size > _JSON_MAX:
-                        raise BundleError(f"{what}: member {name[:100]!r} is over {_JSON_MAX} bytes; not a group")
-                    children = _group_children(reader.read(), what, name)
+                    children = _group_children(_json_member(source, member, what), what, name)
                     _add(tar, f"{entry_dir}/{file_name}",
                          json.dumps({"child_paths": {n: f"{entry_dir}/{n}" for n in children}}).encode())
                 else:
-                    _add(tar, f"{entry_dir}/{file_name}", size=member.size, stream=reader)
+                    _add(tar, f"{entry_dir}/{file_name}", size=member.size, stream=source)
             else:
                 raise BundleError(f"{what}: member {name[:100]!r} is outside the image's layout "
                                   f"({HEADER_NAME}, {CACHE_FOLDER}/<entry>/<file>, {MCV_MANIFEST}); refused")
-        if first:
+        if count == 0:
             raise BundleError(f"{what}: empty")
 
 
