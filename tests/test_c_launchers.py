@@ -217,7 +217,8 @@ def test_serving_counts_a_c_build_as_a_compile(tmp_path, caplog):
     assert "building its C module tritonwarm_probe at serving time" in caplog.text
     metrics = EngineMetrics()
     metrics.observe(types.SimpleNamespace(monitor=monitor, serve_compiles=monitor.compiles,
-                                          result=types.SimpleNamespace(steps=1, generated_tokens=1)))
+                                          result=types.SimpleNamespace(steps=1, generated_tokens=1, preemptions=0,
+                                                                            request_preemptions=[])))
     text = metrics.text()
     assert "tritonwarm_serve_compiles_total 1.0" in text and "tritonwarm_serve_c_builds_total 1.0" in text
     with triton_cache_dir(tmp_path), monitor.serving():  # now cached: nothing built, nothing counted
