@@ -9,6 +9,7 @@ from .common import (
     SERVE_AT_HELP,
     add_cache_args,
     add_spec_args,
+    cache_dir_of,
     note_where_triton_reads,
     plan_with_engine,
     prepare,
@@ -138,12 +139,11 @@ def cmd_verify(args) -> int:
 
 
 def cmd_install(args) -> int:
-    from ..jit.cache import resolve_cache_dir
     from ..jit.cache.bundle import install, point_groups, serve_from
     from ..jit.cache.env import cache_manager_problem
     from ..jit.cache.overlay import OVERLAY_ENV, overlay_in_force
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = cache_dir_of(args)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
     report = install(args.bundle, cache_dir, durable=durable, serve_at=serve_at)

@@ -9,21 +9,41 @@ from pathlib import Path
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
 
+CACHE_DIR_HELP = ("cache directory (default: $TRITONWARM_CACHE_DIR, else the folder Triton reads: "
+                  "$TRITON_CACHE_DIR, else Triton's default ~/.triton/cache)")
+
+
 class UsageError(ValueError):
     """Bad input: reported in one line (its message, no class name), exit code 2."""
 
 
+_noted_old_default = False
+
+
+def cache_dir_of(args) -> Path:
+    """The cache folder the command uses (``--cache-dir``, ``TRITONWARM_CACHE_DIR``, else the folder
+    Triton reads); once a run, a line on stderr for a cache left in tritonwarm's old default folder."""
+    global _noted_old_default
+    from ..jit.cache.layout import old_default_note, resolve_cache_dir
+
+    explicit = getattr(args, "cache_dir", None)
+    note = None if _noted_old_default else old_default_note(explicit)
+    if note:
+        _noted_old_default = True
+        print(f"tritonwarm: {note}", file=sys.stderr)
+    return resolve_cache_dir(explicit)
+
+
 def add_cache_args(p):
-    p.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
-                                       "or the user cache dir)")
+    p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def read_cache_dir(args) -> Path:
     """The cache a reading command uses, refused in one line where it is a file or lies under one."""
-    from ..jit.cache import check_cache_dir, resolve_cache_dir
+    from ..jit.cache import check_cache_dir
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = cache_dir_of(args)
     check_cache_dir(cache_dir, for_writing=False)
     return cache_dir
 
@@ -63,7 +83,6 @@ def add_spec_args(p):
 
 
 def prepare(args):
-    from ..jit.cache import resolve_cache_dir
     from ..jit.specs import load_specs
     from ..jit.targets import resolve_targets
 
@@ -75,7 +94,7 @@ def prepare(args):
 
         load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
     specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
-    return specs, targets, resolve_cache_dir(args.cache_dir)
+    return specs, targets, cache_dir_of(args)
 
 
 def plan_with_engine(args, specs, target, **kwargs):
@@ -138,8 +157,8 @@ def note_where_triton_reads(cache_dir) -> None:
     if read is not None:
         print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
     elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
-        print("  note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
-              f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={cache_dir}")
+        print("  note: TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile points it "
+              f"at Inductor's: serve with TRITON_CACHE_DIR={cache_dir}")
     fails = misses_fail_here(cache_dir)
     if fails:
         print(f"  note: {fails}")

@@ -34,8 +34,8 @@ def add_engine_parser(subparsers) -> None:
     run.add_argument("--dry-run", action="store_true",
                      help="meta tensors and fake launches for --target: prove the cache covers the workload")
     run.add_argument("--target", help="the dry run's target (sm90, gfx942, ...)")
-    run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
-                                         "or the user cache dir)")
+    run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, else the folder Triton "
+                                         "reads: $TRITON_CACHE_DIR, else Triton's default ~/.triton/cache)")
     run.add_argument("--record", metavar="FILE", help="write the dispatch record (JSONL) here")
     run.add_argument("--metrics", metavar="FILE", help="write Prometheus counters (text format) here")
     run.add_argument("--json", action="store_true", help="machine-readable output")
@@ -74,6 +74,11 @@ def cmd_engine_run(args) -> int:
         raise ValueError(f"--requests {args.requests}: at most {MAX_REQUESTS} (a seeded test workload, "
                          "generated up front)")
     _check_paths(args)
+    from ..jit.cache.layout import old_default_note
+
+    note = old_default_note(args.cache_dir)
+    if note:
+        print(f"tritonwarm: {note}", file=sys.stderr)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
     try:

@@ -280,8 +280,8 @@ def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache,
     default.mkdir(parents=True)
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}, "TRITON_HOME": str(tmp_path / "home")}
     out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", default, rc=1, env=env).stdout
-    assert ("note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
-            f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={default}") in out
+    assert ("note: TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile points it at "
+            f"Inductor's: serve with TRITON_CACHE_DIR={default}") in out
 
 
 @pytest.mark.slow
