@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -77,12 +78,14 @@ def add_spec_args(p):
     p.add_argument("--engine-config", metavar="CONFIG",
                    help="also (or, without specs, only) what this engine config launches: a preset "
                         "(tiny, deepseek-v2-lite) or a YAML/JSON file")
-    p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ... or local "
+    p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ..., a GPU name "
+                                    "(h100, b200, mi300x, ...: `tritonwarm targets` lists them) or local "
                                     "(default: this machine's GPU)")
     add_cache_args(p)
 
 
 def prepare(args):
+    from ..jit.progress import set_phase
     from ..jit.specs import load_specs
     from ..jit.targets import resolve_targets
 
@@ -94,6 +97,8 @@ def prepare(args):
 
         load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
     specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
+    what = f"{len(specs)} specs" + (f" and {args.engine_config}" if args.engine_config else "")
+    set_phase(f"tracing {what} for {', '.join(t.name for t in targets)}")
     return specs, targets, cache_dir_of(args)
 
 
@@ -107,7 +112,7 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
     ``pool``'s workers when one is given (the engine's traces start first: they are the longest).
     With ``cache_dir`` the engine's plan, like each spec's, comes from the plan store when its
     inputs did not change."""
-    from ..jit.plan import Plan, kernel_source_keys, plan_targets, stored_plan
+    from ..jit.plan import Plan, kernel_source_keys, plan_targets, storable, stored_plan
 
     engine_parts = {}
     if args.engine_config:
@@ -134,7 +139,7 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
             part, key = engine_parts[target.name]
             if not isinstance(part, Plan):
                 part = Plan.from_json(target, part.result())
-            if key is not None:
+            if key is not None and storable(part):
                 store.save(key, part.to_json(), kernel_source_keys(part))
             part.sources["engine_configs"] = [engine_config_source(args.engine_config)]
             plans[target.name].merge(part)
@@ -155,13 +160,29 @@ def note_where_triton_reads(cache_dir) -> None:
         return
     read = triton_reads_instead(cache_dir)
     if read is not None:
-        print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
+        wrap_print("  note: ", f"Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
     elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
-        print("  note: TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile points it "
-              f"at Inductor's: serve with TRITON_CACHE_DIR={cache_dir}")
+        wrap_print("  note: ", "TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile "
+                   f"points it at Inductor's: serve with TRITON_CACHE_DIR={cache_dir}")
     fails = misses_fail_here(cache_dir)
     if fails:
-        print(f"  note: {fails}")
+        wrap_print("  note: ", fails)
+
+
+MAX_LINE = 200  # no line of default output is longer: a person reads it in a terminal
+
+
+def wrap_print(prefix: str, text: str, file=None) -> None:
+    """``prefix + text`` as printed lines of at most ``MAX_LINE`` characters, the rest indented."""
+    import textwrap
+
+    line = prefix + text
+    if len(line) <= MAX_LINE:
+        print(line, file=file)
+        return
+    indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
+    print("\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent=indent, break_long_words=False,
+                                  break_on_hyphens=False)), file=file)
 
 
 def short_kernel(kernel: str) -> str:
@@ -187,11 +208,16 @@ class progress_bar:
     """A tqdm bar on a terminal; silent otherwise (logs and --json stay clean)."""
 
     def __init__(self, total: int, desc: str, quiet: bool):
-        self.bar = None
+        from ..jit.progress import paused, set_phase
+
+        self.bar, self.paused = None, contextlib.nullcontext()
+        set_phase(f"{desc}: {total} variants")
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="variant", file=sys.stderr, leave=False)
+            self.paused = paused()  # the bar says it
+        self.paused.__enter__()
 
     def __enter__(self):
         def tick(variant, outcome):
@@ -202,5 +228,6 @@ class progress_bar:
         return tick
 
     def __exit__(self, *exc):
+        self.paused.__exit__(*exc)
         if self.bar is not None:
             self.bar.close()

@@ -97,3 +97,153 @@ def test_a_cache_in_the_old_default_folder_gets_one_line(tmp_path, run_cli):
     assert notes == [f"tritonwarm: note: an earlier tritonwarm warmed {old}; Triton reads {new}: "
                      f"warm again, or use that cache with --cache-dir {old} (serve it with TRITON_CACHE_DIR={old})"]
     assert "earlier tritonwarm" not in run_cli("list", "--cache-dir", old, rc=0, env=user).stderr
+
+
+@pytest.mark.slow
+def test_check_of_a_copied_cache_fails_and_names_the_folder_it_reads(tmp_path, dtypes_spec_file, run_cli):
+    """`cp -r` of a warmed cache, then `check` of the copy (a CI gate): the group files still name the
+    original's files, so the copy hits here only while the original exists; a server misses it."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    run_cli("warmup", dtypes_spec_file, "--target", "sm90", "-j", "1", "--cache-dir", original, rc=0)
+    subprocess.run(["cp", "-r", str(original), str(copy)], check=True)
+    out = run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", copy, rc=1).stdout
+    assert "sm90: PROBLEMS: 2 planned, 0 missing" in out
+    flat = " ".join(out.split())
+    assert (f"why: 2 planned variants are read from {original}, not from {copy}: its group files name files there "
+            "(a copied cache): a server without that folder misses them: move a cache with `tritonwarm bundle "
+            "create` + `bundle install` (`--serve-at PATH` for another mount path)") in flat
+    assert all(len(line) <= 200 for line in out.splitlines())
+    same = run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", copy, "--same-machine", rc=0).stdout
+    assert "sm90: ok: 2 planned" in same and f"note: 2 planned variants are read from {original}" in same
+    run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", original, rc=0)  # the original itself
+
+
+LAZY_LAUNCHER = """
+from edited_launchers import add_const_jit
+
+
+def launcher(x):
+    import lazy_helper  # found only with the right PYTHONPATH
+
+    return add_const_jit(lazy_helper.same(x))
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_trace_is_not_stored_the_next_warmup_traces_again(custom_kernel, tmp_path, run_cli):
+    code, _, env = custom_kernel
+    (code / "lazy_launchers.py").write_text(LAZY_LAUNCHER)
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "lazy_helper.py").write_text("def same(x):\n    return x\n")
+    spec = tmp_path / "lazy.yaml"
+    spec.write_text("kernel: lazy_launchers:launcher\nargs:\n  x: {tensor: [1024], dtype: float32}\n")
+    args = ("warmup", spec, "--target", "sm90", "-j", "1", "--cache-dir", tmp_path / "cache")
+    failed = run_cli(*args, rc=1, env=env)
+    assert "No module named 'lazy_helper'" in failed.stderr
+    assert not list((tmp_path / "cache" / "tritonwarm" / "plans").glob("*.json"))
+    fixed = {**env, "PYTHONPATH": os.pathsep.join([str(extra), env["PYTHONPATH"]])}
+    out = run_cli(*args, rc=0, env=fixed).stdout
+    assert "sm90: 1 planned from 1 rows: 1 compiled" in out
+
+
+SLOW_LAUNCHER = """
+import os
+import pathlib
+import time
+
+from edited_launchers import add_const_jit
+
+
+def launcher(x):
+    gate = os.environ.get("SLOW_GATE")
+    if gate:  # the warm-up to interrupt: say it is under way, then take long
+        pathlib.Path(gate).write_text("tracing")
+        time.sleep(300)
+    return add_const_jit(x)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_an_interrupted_warmup_leaves_a_mark_that_check_reads(custom_kernel, tmp_path, run_cli, signal_name):
+    import signal
+    import time
+
+    code, _, env = custom_kernel
+    (code / "slow_launchers.py").write_text(SLOW_LAUNCHER)
+    spec = tmp_path / "slow.yaml"
+    spec.write_text("kernel: slow_launchers:launcher\nargs:\n  x: {tensor: [1024], dtype: float32}\n")
+    cache, gate = tmp_path / "cache", tmp_path / "gate"
+    args = ("warmup", spec, "--target", "sm90", "-j", "1", "--cache-dir", cache)
+    proc = subprocess.Popen([sys.executable, "-m", "tritonwarm", *map(str, args)], env={**env, "SLOW_GATE": str(gate)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if gate.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        assert gate.exists(), proc.communicate()
+        proc.send_signal(getattr(signal, signal_name))
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=env).stdout
+    lines = [line for line in out.splitlines() if "was interrupted" in line]
+    assert len(lines) == 1, out
+    line = lines[0]
+    assert line.startswith("  interrupted: the warm-up of ") and line.endswith(" was interrupted: run it again"), out
+    run_cli(*args, rc=0, env=env)
+    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env).stdout
+    assert "was interrupted" not in out
+
+
+@pytest.mark.slow
+def test_a_bundle_for_another_python_is_judged_for_it_end_to_end(tmp_path, dtypes_spec_file, capsys):
+    import importlib.util
+
+    from tritonwarm.cli import main
+    from tritonwarm.jit.cache.env import fingerprint as this_fingerprint
+    from tritonwarm.jit.cache.env import python_name
+
+    found = importlib.util.spec_from_file_location("for_wheel_tests", os.path.join(os.path.dirname(__file__),
+                                                                                 "test_for_wheel.py"))
+    for_wheel_tests = importlib.util.module_from_spec(found)
+    found.loader.exec_module(for_wheel_tests)  # its wheel of this Triton for Python 3.12
+    wheel = for_wheel_tests.make_wheel(tmp_path / "triton-cp312.whl")
+    here = python_name(this_fingerprint())
+    cache, out = tmp_path / "cache", tmp_path / "warm.tar.gz"
+    spec = ["--target", "sm90", "--cache-dir", str(cache)]
+    assert main(["warmup", str(dtypes_spec_file), *spec, "--for-wheel", str(wheel), "-j", "1"]) == 0
+    capsys.readouterr()
+
+    # create without --for: the entries are there, keyed for another environment: it says which
+    assert main(["bundle", "create", str(out), str(dtypes_spec_file), *spec]) == 2
+    err = capsys.readouterr().err
+    assert ("the cache's sm90 entries are keyed for Python 3.12, Triton " in err
+            and "(keyed --for-wheel triton-cp312.whl), not this runtime: bundle them with `bundle create ... "
+                "--for-wheel triton-cp312.whl`" in err), err
+    assert main(["bundle", "create", str(out), str(dtypes_spec_file), *spec, "--for-wheel", str(wheel)]) == 0
+
+    # verify: judged for the environment the bundle carries, or the one named
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "environment: for Python 3.12, Triton " in text and f"this runtime is {here}" in text
+    assert main(["bundle", "verify", str(out), "--for-wheel", str(wheel)]) == 0
+    assert "environment: matches the runtime of --for-wheel" in " ".join(capsys.readouterr().out.split())
+    this_env = tmp_path / "this.json"
+    assert main(["env", "-o", str(this_env)]) == 0
+    capsys.readouterr()
+    assert main(["bundle", "verify", str(out), "--for", str(this_env)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "this bundle is for Python 3.12, Triton" in text and f"warm with {here}" not in text, text
+
+    # install here (not its server): the warning names the bundle's environment, not a fix for this one
+    assert main(["bundle", "install", str(out), "--cache-dir", str(tmp_path / "here")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "this bundle is for Python 3.12, Triton" in err and f"warm with {here}" not in err, err
+    # installed for its server (an image build on this machine): judged for that runtime, nothing to warn of
+    assert main(["bundle", "install", str(out), "--cache-dir", str(tmp_path / "image"), "--for-wheel", str(wheel)]) == 0
+    err = capsys.readouterr().err
+    assert "this bundle is for" not in err and "warning: installed for another runtime" in err
