@@ -21,8 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _fp_fusion_warning_once(args)
+    from ..jit.progress import heartbeat
+
     try:
-        return args.func(args)
+        with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):
+            return args.func(args)
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
         return 130
@@ -34,6 +38,31 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"tritonwarm: error: {_one_line(e)}", file=sys.stderr)
         return 2
+
+
+FP_FUSION_NOTE = ("tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until "
+                  "3.10) and warns; the value enters every key: set it identically when warming and serving")
+
+
+def _fp_fusion_warning_once(args) -> None:
+    """Triton 3.9 warns of its FP-fusion default change once per process: once in every worker of a
+    warm-up, in several lines. Say it once a run, in one line, where a command keys or compiles; the
+    workers, forked after this, inherit Triton's warning as given already."""
+    if os.environ.get("TRITON_DEFAULT_FP_FUSION") is not None or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    try:
+        from triton._utils import FP_FUSION_DEFAULT_WARNING, warn_once
+    except ImportError:  # a Triton that does not warn
+        return
+    import warnings
+
+    import triton
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warn_once(FP_FUSION_DEFAULT_WARNING)  # remembered by Triton as given: it gives it no more
+    if getattr(args, "specs", None) is not None or getattr(args, "config", None) is not None:
+        print(FP_FUSION_NOTE.format(version=triton.__version__), file=sys.stderr)
 
 
 def _one_line(e: Exception) -> str:
