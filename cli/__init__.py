@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     from .. import __version__
     from ..engine.cli import add_engine_parser
     from . import bundle, cache, env, record, tune, warm
+    from .examples import describe
 
     p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     p.add_argument("--version", action="version", version=f"tritonwarm {__version__}")
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     record.add_parsers(sub)
     env.add_parsers(sub)
     add_engine_parser(sub)
+    describe(p)
     return p
 
 

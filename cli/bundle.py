@@ -107,8 +107,8 @@ def _print(report, args, what: str) -> None:
         return
     targets = ", ".join(f"{t}: {n}" for t, n in report.targets.items()) or "none"
     kind = "binary-only" if report.binary_only else "full"
-    print(f"{what}: {report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
-          f"{report.archive_bytes / 1e6:.2f} MB")
+    wrap_print(f"{what}: ", f"{report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
+               f"{report.archive_bytes / 1e6:.2f} MB")
 
 
 def cmd_create(args) -> int:
@@ -204,11 +204,11 @@ def cmd_install(args) -> int:
                           "serve_at": str(serve_at) if serve_at else None,
                           "c_launchers": {t: r.to_json() for t, r in launchers.items()}}, indent=1))
     else:
-        print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
-              f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
+        wrap_print("", f"installed {report.installed}, already there {report.already} of {report.entries} entries "
+                   f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
         if serve_at:
-            print(f"  note: its entries are read at {serve_at} only (not here): check them as that server reads them "
-                  f"with `tritonwarm check --serve-at {serve_at}`")
+            wrap_print("  note: ", f"its entries are read at {serve_at} only (not here): check them as that server "
+                       f"reads them with `tritonwarm check --serve-at {serve_at}`")
         else:
             note_where_triton_reads(cache_dir)
         for target, launcher_report in launchers.items():

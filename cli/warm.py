@@ -178,8 +178,8 @@ def cmd_check(args) -> int:
                           "serve_at": str(serve_at) if serve_at else None,
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
-        print(f"cache: {cache_dir}" + (f" ({note})" if note else "") +
-              (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
+        wrap_print("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
+                   (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
         if serve_at is None:  # this machine is not that server
             note_where_triton_reads(cache_dir)
         for r in reports:

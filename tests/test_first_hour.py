@@ -247,3 +247,84 @@ def test_a_bundle_for_another_python_is_judged_for_it_end_to_end(tmp_path, dtype
     assert main(["bundle", "install", str(out), "--cache-dir", str(tmp_path / "image"), "--for-wheel", str(wheel)]) == 0
     err = capsys.readouterr().err
     assert "this bundle is for" not in err and "warning: installed for another runtime" in err
+
+
+def test_every_command_has_a_description_and_an_example_that_parses():
+    from tritonwarm.cli import _parser
+    from tritonwarm.cli.examples import subcommands
+
+    parser = _parser()
+    seen = []
+    for path, sub, _ in subcommands(parser):
+        seen.append(" ".join(path))
+        assert sub.description, f"{' '.join(path)} --help has no description"
+        assert sub.epilog and sub.epilog.startswith("example:\n  tritonwarm "), f"{' '.join(path)} has no example"
+        example = sub.epilog.splitlines()[1].split()[1:]
+        assert example[:len(path)] == list(path), sub.epilog
+        assert getattr(parser.parse_args(example), "func", None), sub.epilog  # it parses: no drift
+        assert "example:" in sub.format_help()
+    assert {"warmup", "check", "bundle create", "bundle verify", "engine run", "targets"} <= set(seen)
+
+
+def test_target_takes_gpu_names_and_names_the_nearest(run_cli):
+    from tritonwarm.jit.targets import UnknownTargetError, resolve_target, resolve_targets
+
+    assert resolve_target("h100").name == "sm90" and resolve_target("NVIDIA H200").name == "sm90"
+    assert resolve_target("a100-80gb").name == "sm80" and resolve_target("a10g").name == "sm86"
+    assert resolve_target("MI300X").name == "gfx942" and resolve_target("mi355x").name == "gfx950"
+    assert resolve_target("b200").name == "sm100" and resolve_target("rtx5090").name == "sm120"
+    assert [t.name for t in resolve_targets("h100,h200,mi300x")] == ["sm90", "gfx942"]
+    with pytest.raises(UnknownTargetError, match=r"unknown target 'h10' \(nearest: h100\)"):
+        resolve_target("h10")
+    out = run_cli("targets", rc=0).stdout
+    assert any(line.startswith("sm90 ") and "h100, h200, h800" in line for line in out.splitlines()), out
+    assert any(line.startswith("gfx942 ") and "mi300x" in line for line in out.splitlines()), out
+
+
+@pytest.mark.slow
+def test_tritons_fp_fusion_warning_is_shown_once_a_run(tmp_path, dtypes_spec_file, run_cli):
+    pytest.importorskip("triton._utils").__dict__.get("FP_FUSION_DEFAULT_WARNING") or pytest.skip(
+        "this Triton does not warn of its FP fusion default")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_DEFAULT_FP_FUSION"}
+    err = run_cli("warmup", dtypes_spec_file, "--target", "sm90", "-j", "2", "--cache-dir", tmp_path / "cache",
+                  rc=0, env=env).stderr
+    assert err.count("TRITON_DEFAULT_FP_FUSION is unset") == 1, err
+    assert "defaulting to FP fusion ENABLED" not in err  # Triton's own, once in every worker
+
+
+def test_an_engine_run_on_a_cpu_prints_progress(run_cli):
+    env = {**os.environ, "TRITONWARM_PROGRESS_SECONDS": "0.01"}
+    proc = run_cli("engine", "run", "--config", "tiny", "--mode", "reference", "--requests", "2", "--max-tokens", "2",
+                   rc=0, env=env)
+    assert "tritonwarm engine run: " in proc.stderr and "(0 s)" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_no_line_of_default_output_is_over_200_characters(tmp_path, spec_file, capsys, monkeypatch):
+    from tritonwarm.cli import main
+    from tritonwarm.jit.cache import Manifest
+
+    deep = tmp_path / "deploy-paths-are-often-this-long"  # a path is never broken: two of them on one line are
+    cache, bundle = deep / "cache", deep / "warm-sm90.tar.gz"
+    spec = [str(spec_file), "--target", "h100", "--cache-dir", str(cache)]
+    runs = [["warmup", *spec, "-j", "1"], ["check", *spec], ["list", "--cache-dir", str(cache)],
+            ["du", "--cache-dir", str(cache)], ["targets"], ["env"], ["bundle", "create", str(bundle), *spec],
+            ["bundle", "verify", str(bundle)], ["bundle", "install", str(bundle), "--cache-dir", str(deep / "served")],
+            ["prune", "--unplanned", "--dry-run", "--cache-dir", str(cache)],
+            ["check", *spec, "--serve-at", str(deep / "mounted" / "elsewhere")]]
+    outputs = []
+    for argv in runs:
+        main(argv)
+        captured = capsys.readouterr()
+        outputs.append((argv, captured.out + captured.err))
+    [variant] = list(Manifest(cache, "sm90").read().values())[:1]
+    main(["show", variant["id"], "--cache-dir", str(cache)])
+    outputs.append((["show"], capsys.readouterr().out))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # every key differs: the longest reasons
+    assert main(["check", *spec]) == 1
+    outputs.append((["check", "fp fusion"], capsys.readouterr().out))
+    assert main(["bundle", "verify", str(bundle)]) == 1
+    outputs.append((["bundle verify", "fp fusion"], capsys.readouterr().out))
+    for argv, out in outputs:
+        long = [line for line in out.splitlines() if len(line) > 200]
+        assert not long, f"{' '.join(argv[:2])}: {long[0]}"
