@@ -267,7 +267,7 @@ MISSING_ADVICE = {
     "kernel not warmed": "no variant of the kernel is warmed for this environment: warm a spec that launches it",
     "other class": "a class of their arguments was not warmed: warm a spec row that launches it",
     **dict.fromkeys(("copied", "files gone", "other options", "other code", "other module constants"),
-                    "see why: above"),
+                    "the why line above says why"),
 }
 
 

@@ -130,7 +130,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
         else:
             intact.append(variant)
             elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name)
-            if elsewhere is not None:
+            if elsewhere is not None and not _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir)):
                 report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere)})
     if report.read_elsewhere:
         line = _read_elsewhere(report.read_elsewhere, cache_dir)
@@ -173,6 +173,14 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
                                       serve_at)
         _explain_missing(report, wanted, neighbours, copies_explained=mounted_elsewhere)
     return report
+
+
+def _same_folder(a, b) -> bool:
+    """The same folder under two paths (a bind mount, a link): not a copy."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _read_elsewhere(rows: list[dict], cache_dir: Path) -> str:

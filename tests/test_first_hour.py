@@ -328,3 +328,22 @@ def test_no_line_of_default_output_is_over_200_characters(tmp_path, spec_file, c
     for argv, out in outputs:
         long = [line for line in out.splitlines() if len(line) > 200]
         assert not long, f"{' '.join(argv[:2])}: {long[0]}"
+
+
+@pytest.mark.slow
+def test_check_with_the_wrong_serve_at_says_each_cause_once_with_a_count(tmp_path, spec_file, capsys):
+    from tritonwarm.cli import main
+
+    warmed, bundle, volume = tmp_path / "warmed", tmp_path / "warm.tar.gz", tmp_path / "volume"
+    spec = [str(spec_file), "--target", "sm90"]
+    assert main(["warmup", *spec, "--cache-dir", str(warmed), "-j", "1"]) == 0
+    assert main(["bundle", "create", str(bundle), *spec, "--cache-dir", str(warmed)]) == 0
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(volume), "--serve-at", "/srv/cache"]) == 0
+    capsys.readouterr()
+    wrong = ["check", *spec, "--cache-dir", str(volume), "--serve-at", "/srv/elsewhere"]
+    assert main(wrong) == 1
+    out = capsys.readouterr().out
+    assert out.count("why: ") == 1 and "  missing  " not in out, out
+    assert "missing: 2 (copied): rms_norm_kernel: the why line above says why (--verbose lists each)" in out
+    assert main([*wrong, "--verbose"]) == 1
+    assert capsys.readouterr().out.count("  missing  ") == 2
