@@ -21,9 +21,10 @@ def _folder(cache_dir: Path) -> Path:
 
 @contextlib.contextmanager
 def warmup_mark(cache_dir: Path):
-    """Inside the block a mark names this warm-up; it goes when the block ends normally (problems
-    included: the warm-up ran to its end), with the marks of earlier warm-ups that did not, since
-    this one ran again. On an exception or a signal it stays."""
+    """Inside the block a mark names this warm-up; it goes when the block ends (problems included:
+    the warm-up ran to its end), with the marks of earlier warm-ups that did not, since this one ran
+    again; and on an error, which the warm-up reports itself. On Ctrl-C it stays, as on a signal or
+    a ``kill -9``, which end the process before any of this runs."""
     folder = _folder(cache_dir)
     mark = folder / f"{os.getpid()}-{time.time_ns()}.json"
     try:
@@ -31,7 +32,13 @@ def warmup_mark(cache_dir: Path):
         write_json_atomic(mark, {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()})
     except OSError:
         mark = None  # a cache that cannot take the mark cannot take entries either: warm-up says so
-    yield
+    try:
+        yield
+    except Exception:
+        if mark is not None:
+            with contextlib.suppress(OSError):
+                mark.unlink()
+        raise
     for old in unfinished(cache_dir):
         if old["path"] == mark or not old["running"]:
             with contextlib.suppress(OSError):
