@@ -347,3 +347,13 @@ def test_check_with_the_wrong_serve_at_says_each_cause_once_with_a_count(tmp_pat
     assert "missing: 2 (copied): rms_norm_kernel: the why line above says why (--verbose lists each)" in out
     assert main([*wrong, "--verbose"]) == 1
     assert capsys.readouterr().out.count("  missing  ") == 2
+
+
+def test_the_gpu_table_in_the_docs_is_the_one_targets_prints():
+    from tritonwarm.jit.gpu_names import gpus_of
+    from tritonwarm.jit.targets import TARGETS
+
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "targets.md")).read()
+    rows = [line.split("|")[1:4] for line in page.splitlines() if line.startswith("| `")]
+    table = {name.strip(" `"): [gpu.strip() for gpu in gpus.split(",")] for name, _, gpus in rows}
+    assert table == {name: gpus_of(name) for name in TARGETS}
