@@ -21,12 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    _fp_fusion_warning_once(args)
+    fp_fusion_note = _fp_fusion_warning_once(args)
     from ..jit.progress import heartbeat
 
     try:
         with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):
-            return args.func(args)
+            rc = args.func(args)
+        if fp_fusion_note:  # after the output, and never beside a one-line error
+            print(fp_fusion_note, file=sys.stderr)
+        return rc
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
         return 130
@@ -44,16 +47,16 @@ FP_FUSION_NOTE = ("tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset: Triton {
                   "3.10) and warns; the value enters every key: set it identically when warming and serving")
 
 
-def _fp_fusion_warning_once(args) -> None:
+def _fp_fusion_warning_once(args) -> str | None:
     """Triton 3.9 warns of its FP-fusion default change once per process: once in every worker of a
-    warm-up, in several lines. Say it once a run, in one line, where a command keys or compiles; the
-    workers, forked after this, inherit Triton's warning as given already."""
+    warm-up, in several lines. Silence it here (the workers, forked after this, inherit it as given
+    already) and return the one line to say instead, where the command keys or compiles."""
     if os.environ.get("TRITON_DEFAULT_FP_FUSION") is not None or os.environ.get("TRITON_INTERPRET") == "1":
-        return
+        return None
     try:
         from triton._utils import FP_FUSION_DEFAULT_WARNING, warn_once
     except ImportError:  # a Triton that does not warn
-        return
+        return None
     import warnings
 
     import triton
@@ -62,7 +65,8 @@ def _fp_fusion_warning_once(args) -> None:
         warnings.simplefilter("ignore")
         warn_once(FP_FUSION_DEFAULT_WARNING)  # remembered by Triton as given: it gives it no more
     if getattr(args, "specs", None) is not None or getattr(args, "config", None) is not None:
-        print(FP_FUSION_NOTE.format(version=triton.__version__), file=sys.stderr)
+        return FP_FUSION_NOTE.format(version=triton.__version__)
+    return None
 
 
 def _one_line(e: Exception) -> str:
