@@ -21,8 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    fp_fusion_note = _fp_fusion_warning_once(args)
+    from ..jit.progress import heartbeat
+
     try:
-        return args.func(args)
+        with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):
+            rc = args.func(args)
+        if fp_fusion_note:  # after the output, and never beside a one-line error
+            print(fp_fusion_note, file=sys.stderr)
+        return rc
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
         return 130
@@ -36,6 +43,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+FP_FUSION_NOTE = ("tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until "
+                  "3.10) and warns; the value enters every key: set it identically when warming and serving")
+
+
+def _fp_fusion_warning_once(args) -> str | None:
+    """Triton 3.9 warns of its FP-fusion default change once per process: once in every worker of a
+    warm-up, in several lines. Silence it here (the workers, forked after this, inherit it as given
+    already) and return the one line to say instead, where the command keys or compiles."""
+    if os.environ.get("TRITON_DEFAULT_FP_FUSION") is not None or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    try:
+        from triton._utils import FP_FUSION_DEFAULT_WARNING, warn_once
+    except ImportError:  # a Triton that does not warn
+        return None
+    import warnings
+
+    import triton
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        warn_once(FP_FUSION_DEFAULT_WARNING)  # remembered by Triton as given: it gives it no more
+    if getattr(args, "specs", None) is not None or getattr(args, "config", None) is not None:
+        return FP_FUSION_NOTE.format(version=triton.__version__)
+    return None
+
+
 def _one_line(e: Exception) -> str:
     """The error's own message on one line; its type only where the message says too little."""
     return describe_error(e)
@@ -47,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     from .. import __version__
     from ..engine.cli import add_engine_parser
     from . import bundle, cache, env, record, tune, warm
+    from .examples import describe
 
     p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     p.add_argument("--version", action="version", version=f"tritonwarm {__version__}")
@@ -58,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     record.add_parsers(sub)
     env.add_parsers(sub)
     add_engine_parser(sub)
+    describe(p)
     return p
 
 

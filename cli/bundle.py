@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import sys
 
+from .bundle_env import bundle_differences, environment_name
 from .common import (
     SERVE_AT_HELP,
     add_cache_args,
     add_spec_args,
+    cache_dir_of,
     note_where_triton_reads,
     plan_with_engine,
     prepare,
     serve_at_arg,
+    wrap_print,
 )
 from .signing import add_oci_create_args, add_signing_parsers, add_trust_args, opened_bundle
 
@@ -69,11 +72,14 @@ def add_parsers(sub) -> None:
         add_for_args(c)
     c.set_defaults(func=keyed_for(cmd_create) if keyed_for is not None else cmd_create)
 
-    v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime")
+    v = bsub.add_parser("verify", help="check every member and hash; compare the fingerprint with this runtime "
+                                        "(or the one --for / --for-wheel names)")
     v.add_argument("bundle", metavar="BUNDLE")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     add_trust_args(v, verifying=True)
-    v.set_defaults(func=cmd_verify)
+    if add_for_args is not None:
+        add_for_args(v)
+    v.set_defaults(func=keyed_for(cmd_verify) if keyed_for is not None else cmd_verify, target=None)
 
     i = bsub.add_parser("install", help="install into a cache folder (any path): groups rewritten for it, "
                                          "manifest merged; safe to repeat or to kill")
@@ -87,7 +93,9 @@ def add_parsers(sub) -> None:
     i.add_argument("--serve-at", metavar="PATH", help=SERVE_AT_HELP + ", written for PATH")
     add_cache_args(i)
     add_trust_args(i)
-    i.set_defaults(func=cmd_install)
+    if add_for_args is not None:  # installed here for a server of that environment (an image build)
+        add_for_args(i)
+    i.set_defaults(func=keyed_for(cmd_install) if keyed_for is not None else cmd_install, target=None)
 
     m = bsub.add_parser("merge", help="join bundles of shards (same environment and options) into one")
     m.add_argument("out", metavar="OUT")
@@ -105,13 +113,15 @@ def _print(report, args, what: str) -> None:
         return
     targets = ", ".join(f"{t}: {n}" for t, n in report.targets.items()) or "none"
     kind = "binary-only" if report.binary_only else "full"
-    print(f"{what}: {report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
-          f"{report.archive_bytes / 1e6:.2f} MB")
+    wrap_print(f"{what}: ", f"{report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
+               f"{report.archive_bytes / 1e6:.2f} MB")
 
 
 def cmd_create(args) -> int:
     from ..jit.cache import check_cache_dir
-    from ..jit.cache.bundle import create
+    from ..jit.cache.bundle import BundleError, create
+    from ..jit.cache.env import keyed_for_another
+    from .bundle_env import keyed_elsewhere
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
@@ -125,52 +135,83 @@ def cmd_create(args) -> int:
         variants[target.name] = list(the_plan.variants.values())
     if problems:
         raise ValueError(f"the plan has errors (fix them, then warm and bundle again): {problems[0]}")
-    if args.oci:  # the same bundle, written as an OCI image layout
-        from .signing import create_oci
+    try:
+        if args.oci:  # the same bundle, written as an OCI image layout
+            from .signing import create_oci
 
-        report = create_oci(args, cache_dir, variants, create)
-    else:
-        report = create(args.out, cache_dir, variants, binary_only=args.binary_only)
+            report = create_oci(args, cache_dir, variants, create)
+        else:
+            report = create(args.out, cache_dir, variants, binary_only=args.binary_only)
+    except BundleError as e:
+        elsewhere = None if keyed_for_another() or "not warmed" not in str(e) else keyed_elsewhere(cache_dir, targets)
+        if elsewhere is None:
+            raise
+        raise BundleError(f"{str(e).split(';')[0]} for this runtime; {elsewhere}") from None
     _print(report, args, "bundle")
     return 0
 
 
 def cmd_verify(args) -> int:
-    from ..errors import printable
-    from ..jit.cache.bundle import verify
+    from ..jit.cache.bundle import read_header, verify
+    from ..jit.cache.env import current_fingerprint, keyed_for_another
 
     with opened_bundle(args) as source:
         report = verify(source.path)
+        bundle_fp = read_header(source.path)["fingerprint"]
     report.path = args.bundle
+    runtime = current_fingerprint()
+    judged = _judged(args)
+    carried = not keyed_for_another() and (bundle_fp.get("warmed_for") or {}).get("source")
+    differences = [] if carried else bundle_differences(report.differences, bundle_fp, runtime, judged)
+    if args.json:
+        print(json.dumps({**report.to_json(), "differences": differences, "judged_for": judged,
+                          "bundle_environment": environment_name(bundle_fp), "signed_by": source.signed_by},
+                         indent=1))
+        return 1 if differences else 0
     _print(report, args, "verified")
-    if source.signed_by and not args.json:
+    if source.signed_by:
         print(f"  signature: good, by trusted key {source.signed_by}")
-    if not args.json:
-        for line in report.differences:
-            print(f"  differs: {printable(line)}")
-        print("  environment: " + ("matches this runtime" if not report.differences else
-                                   f"{len(report.differences)} difference(s): this runtime would miss its entries"))
-    return 1 if report.differences else 0
+    for line in differences:
+        wrap_print("  differs: ", line)
+    if carried:  # keyed for its server on purpose: this machine's runtime says nothing of it
+        here = environment_name(runtime, source=False)
+        wrap_print("  environment: ", f"for {environment_name(bundle_fp)}; this runtime is {here}: judge it for a "
+                   "server with --for ENV.json or --for-wheel WHEEL")
+    else:
+        verdict = f": {len(report.differences)} difference(s): that runtime would miss its entries"
+        wrap_print("  environment: ", f"{'differs from' if differences else 'matches'} {judged} "
+                   f"({environment_name(runtime, source=False)})" + (verdict if differences else ""))
+    return 1 if differences else 0
+
+
+def _judged(args) -> str:
+    if getattr(args, "for_wheel", None):
+        return f"the runtime of --for-wheel {args.for_wheel}"
+    if getattr(args, "for_env", None):
+        return f"the runtime of --for {args.for_env}"
+    return "this runtime"
 
 
 def cmd_install(args) -> int:
-    from ..errors import printable
-    from ..jit.cache import resolve_cache_dir
-    from ..jit.cache.bundle import install, point_groups, serve_from
-    from ..jit.cache.env import cache_manager_problem
+    from ..jit.cache.bundle import install, point_groups, read_header, serve_from
+    from ..jit.cache.env import cache_manager_problem, current_fingerprint, keyed_for_another
     from ..jit.cache.overlay import OVERLAY_ENV, overlay_in_force
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = cache_dir_of(args)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
     with opened_bundle(args) as source:
         report = install(source.path, cache_dir, durable=durable, serve_at=serve_at)
+        bundle_fp = read_header(source.path)["fingerprint"]
     report.path = args.bundle
+    report.differences = bundle_differences(report.differences, bundle_fp, current_fingerprint(), _judged(args))
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder
     overlay = overlay_in_force()  # ... or writes what it builds into another folder
     manager = manager or (overlay and (False, f"{OVERLAY_ENV}={overlay} is set (Triton builds into it)"))
+    if keyed_for_another():  # this machine is not the server: its Python builds no launcher of the server's
+        manager = (False, "installed for another runtime (--for / --for-wheel)")
     for line in report.set_aside + report.differences + ([f"{manager[1]}: no C launchers built"] if manager else []):
-        print(f"tritonwarm: warning: {printable(line)}", file=sys.stderr)
+        wrap_print("tritonwarm: warning: ", line, file=sys.stderr)
     launchers = {}
     if not args.no_c_launchers and not report.differences and not manager:
         if serve_at:  # Triton reads the entries to build their launchers: here, for now
@@ -182,13 +223,13 @@ def cmd_install(args) -> int:
                           "serve_at": str(serve_at) if serve_at else None,
                           "c_launchers": {t: r.to_json() for t, r in launchers.items()}}, indent=1))
     else:
-        print(f"installed {report.installed}, already there {report.already} of {report.entries} entries "
-              f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
+        wrap_print("", f"installed {report.installed}, already there {report.already} of {report.entries} entries "
+                   f"into {cache_dir}" + (f", for serving at {serve_at}" if serve_at else ""))
         if source.signed_by:
             print(f"  signature: good, by trusted key {source.signed_by}")
         if serve_at:
-            print(f"  note: its entries are read at {serve_at} only (not here): check them as that server reads them "
-                  f"with `tritonwarm check --serve-at {serve_at}`")
+            wrap_print("  note: ", f"its entries are read at {serve_at} only (not here): check them as that server "
+                       f"reads them with `tritonwarm check --serve-at {serve_at}`")
         else:
             note_where_triton_reads(cache_dir)
         for target, launcher_report in launchers.items():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from ..errors import printable
 from .common import (
+    MAX_LINE,
     SHIPPED_SPECS,
     UsageError,
     add_cache_args,
@@ -16,6 +18,7 @@ from .common import (
     read_cache_dir,
     short_kernel,
     target_name,
+    wrap_print,
 )
 from .env import add_for_args, keyed_for
 
@@ -76,8 +79,12 @@ def cmd_list(args) -> int:
                                            r["num_stages"], res.get("registers", "-"), res.get("local", "-"),
                                            res.get("shared", "-"), format_args(r["args"])))))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1])
+    for row in table:  # ARGS wraps under its column: no line is longer than MAX_LINE
+        lead = "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  "
+        lines = textwrap.wrap(row[-1], max(40, MAX_LINE - len(lead)), break_long_words=False) or [""]
+        print(lead + lines[0])
+        for more in lines[1:]:
+            print(" " * len(lead) + more)
     if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
         print("-: REGS and SPILL are read from NVIDIA cubins with the cuobjdump Triton ships; "
               "Triton ships no such tool for AMD hsaco, so AMD targets show none")
@@ -105,7 +112,7 @@ def cmd_show(args) -> int:
         print("resources " + shown(", ".join(f"{k}={v}" for k, v in entry["resources"].items())))
     print(f"triton    {shown(entry['triton_version'])}, compiled in {shown(entry.get('compile_seconds'))} s")
     print(f"entry     {Path(cache_dir) / entry['entry_dir']}")
-    print(f"key       {shown(entry['key'])}")
+    wrap_print("key       ", entry["key"])
     print("rows:")
     for row in entry["rows"]:
         print(f"  {shown(row)}")
@@ -193,14 +200,18 @@ def _mib(n: int) -> str:
 
 
 def cmd_targets(args) -> int:
+    from ..jit.gpu_names import gpus_of
     from ..jit.targets import TARGETS, local_target
 
     local = local_target()
-    rows = [{"name": t.name, "backend": t.backend, "arch": t.arch, "warp_size": t.warp_size,
+    rows = [{"name": t.name, "backend": t.backend, "arch": t.arch, "warp_size": t.warp_size, "gpus": gpus_of(t.name),
              "local": local is not None and local.name == t.name} for t in TARGETS.values()]
     if args.json:
         print(json.dumps(rows, indent=1))
-    else:
-        for r in rows:
-            print(f"{r['name']:<8} {r['backend']:<5} {r['arch']}{'  (this machine)' if r['local'] else ''}")
+        return 0
+    print(f"{'TARGET':<8} {'BACKEND':<7} {'ARCH':<7} GPUS (--target takes either name)")
+    for r in rows:
+        print(f"{r['name']:<8} {r['backend']:<7} {r['arch']!s:<7} {', '.join(r['gpus'])}"
+              + ("  (this machine)" if r["local"] else ""))
+    print("local    this machine's GPU" + (f": {local.name}" if local else " (none here)"))
     return 0

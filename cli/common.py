@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,21 +12,41 @@ from ..errors import printable
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
 
+CACHE_DIR_HELP = ("cache directory (default: $TRITONWARM_CACHE_DIR, else the folder Triton reads: "
+                  "$TRITON_CACHE_DIR, else Triton's default ~/.triton/cache)")
+
+
 class UsageError(ValueError):
     """Bad input: reported in one line (its message, no class name), exit code 2."""
 
 
+_noted_old_default = False
+
+
+def cache_dir_of(args) -> Path:
+    """The cache folder the command uses (``--cache-dir``, ``TRITONWARM_CACHE_DIR``, else the folder
+    Triton reads); once a run, a line on stderr for a cache left in tritonwarm's old default folder."""
+    global _noted_old_default
+    from ..jit.cache.layout import old_default_note, resolve_cache_dir
+
+    explicit = getattr(args, "cache_dir", None)
+    note = None if _noted_old_default else old_default_note(explicit)
+    if note:
+        _noted_old_default = True
+        print(f"tritonwarm: {note}", file=sys.stderr)
+    return resolve_cache_dir(explicit)
+
+
 def add_cache_args(p):
-    p.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
-                                       "or the user cache dir)")
+    p.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def read_cache_dir(args) -> Path:
     """The cache a reading command uses, refused in one line where it is a file or lies under one."""
-    from ..jit.cache import check_cache_dir, resolve_cache_dir
+    from ..jit.cache import check_cache_dir
 
-    cache_dir = resolve_cache_dir(args.cache_dir)
+    cache_dir = cache_dir_of(args)
     check_cache_dir(cache_dir, for_writing=False)
     return cache_dir
 
@@ -59,13 +80,14 @@ def add_spec_args(p):
     p.add_argument("--engine-config", metavar="CONFIG",
                    help="also (or, without specs, only) what this engine config launches: a preset "
                         "(tiny, deepseek-v2-lite) or a YAML/JSON file")
-    p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ... or local "
+    p.add_argument("--target", help="comma-separated: sm80, sm90, sm100, sm120, gfx942, gfx950, ..., a GPU name "
+                                    "(h100, b200, mi300x, ...: `tritonwarm targets` lists them) or local "
                                     "(default: this machine's GPU)")
     add_cache_args(p)
 
 
 def prepare(args):
-    from ..jit.cache import resolve_cache_dir
+    from ..jit.progress import set_phase
     from ..jit.specs import load_specs
     from ..jit.targets import resolve_targets
 
@@ -77,7 +99,9 @@ def prepare(args):
 
         load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
     specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
-    return specs, targets, resolve_cache_dir(args.cache_dir)
+    what = f"{len(specs)} specs" + (f" and {args.engine_config}" if args.engine_config else "")
+    set_phase(f"tracing {what} for {', '.join(t.name for t in targets)}")
+    return specs, targets, cache_dir_of(args)
 
 
 def plan_with_engine(args, specs, target, **kwargs):
@@ -90,7 +114,7 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
     ``pool``'s workers when one is given (the engine's traces start first: they are the longest).
     With ``cache_dir`` the engine's plan, like each spec's, comes from the plan store when its
     inputs did not change."""
-    from ..jit.plan import Plan, kernel_source_keys, plan_targets, stored_plan
+    from ..jit.plan import Plan, kernel_source_keys, plan_targets, storable, stored_plan
 
     engine_parts = {}
     if args.engine_config:
@@ -117,7 +141,7 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
             part, key = engine_parts[target.name]
             if not isinstance(part, Plan):
                 part = Plan.from_json(target, part.result())
-            if key is not None:
+            if key is not None and storable(part):
                 store.save(key, part.to_json(), kernel_source_keys(part))
             part.sources["engine_configs"] = [engine_config_source(args.engine_config)]
             plans[target.name].merge(part)
@@ -138,13 +162,30 @@ def note_where_triton_reads(cache_dir) -> None:
         return
     read = triton_reads_instead(cache_dir)
     if read is not None:
-        print(f"  note: Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
+        wrap_print("  note: ", f"Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
     elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
-        print("  note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
-              f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={cache_dir}")
+        wrap_print("  note: ", "TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile "
+                   f"points it at Inductor's: serve with TRITON_CACHE_DIR={cache_dir}")
     fails = misses_fail_here(cache_dir)
     if fails:
-        print(f"  note: {fails}")
+        wrap_print("  note: ", fails)
+
+
+MAX_LINE = 200  # no line of default output is longer: a person reads it in a terminal
+
+
+def wrap_print(prefix: str, text: str, file=None) -> None:
+    """``prefix + text`` as printed lines of at most ``MAX_LINE`` characters, the rest indented; ``text``
+    (which may hold names a cache, a bundle or Redis chose) with its control characters escaped."""
+    import textwrap
+
+    line = prefix + printable(text)
+    if len(line) <= MAX_LINE:
+        print(line, file=file)
+        return
+    indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
+    print("\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent=indent, break_long_words=False,
+                                  break_on_hyphens=False)), file=file)
 
 
 def short_kernel(kernel: str) -> str:
@@ -170,11 +211,16 @@ class progress_bar:
     """A tqdm bar on a terminal; silent otherwise (logs and --json stay clean)."""
 
     def __init__(self, total: int, desc: str, quiet: bool):
-        self.bar = None
+        from ..jit.progress import paused, set_phase
+
+        self.bar, self.paused = None, contextlib.nullcontext()
+        set_phase(f"{desc}: {total} variants")
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="variant", file=sys.stderr, leave=False)
+            self.paused = paused()  # the bar says it
+        self.paused.__enter__()
 
     def __enter__(self):
         def tick(variant, outcome):
@@ -185,5 +231,6 @@ class progress_bar:
         return tick
 
     def __exit__(self, *exc):
+        self.paused.__exit__(*exc)
         if self.bar is not None:
             self.bar.close()

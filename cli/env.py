@@ -92,8 +92,10 @@ def cmd_env(args) -> int:
         from ..jit.cache.env import cache_bypassed
 
         bypassed = cache_bypassed()
-        print("\n".join(format_env(fp) + [gpu_line(), *cache_lines()]
-                        + ([f"WARNING      {bypassed}"] if bypassed else [])))
+        lines = format_env(fp) + [gpu_line(), *cache_lines()] + ([f"WARNING      {bypassed}"] if bypassed else [])
+        for line in lines:  # at most 200 characters a line, continued under the value column
+            print("\n".join(textwrap.wrap(line, 200, subsequent_indent=" " * 13, break_long_words=False,
+                                           break_on_hyphens=False)) or line)
     return 0
 
 

@@ -25,6 +25,7 @@ from .common import (
     serve_at_arg,
     short_kernel,
     target_name,
+    wrap_print,
 )
 from .env import add_for_args, keyed_for
 
@@ -55,9 +56,13 @@ def add_parsers(sub) -> None:
                    help="instead: the plan vs a shared Redis cache (redis://HOST:PORT[/DB]): missing, corrupt")
     c.add_argument("--serve-at", metavar="PATH",
                    help=SERVE_AT_HELP + ": check the cache as a server that mounts it at PATH reads it")
+    c.add_argument("--same-machine", action="store_true",
+                   help="a copy of a cache served on this machine, beside the folder it was copied from: entries "
+                        "whose files are read from that folder are a note, not a problem")
     add_for_args(c)
     c.add_argument("--verbose", "-v", action="store_true",
-                   help="also list the redundant rows (rows whose variants other rows already give)")
+                   help="one line per missing, corrupt or unreachable variant or row, and the redundant rows "
+                        "(rows whose variants other rows already give)")
     c.set_defaults(func=cmd_check)
 
 
@@ -68,6 +73,7 @@ def cmd_warmup(args) -> int:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.cache.env import cache_manager_problem
+    from ..jit.cache.marks import warmup_mark
     from ..jit.cache.overlay import refuse_if_overlaid
     from ..jit.pool import worker_pool
     from ..jit.warmup import warm
@@ -82,7 +88,7 @@ def cmd_warmup(args) -> int:
         raise UsageError(f"{manager[1]}: the warm-up fills {cache_dir}: unset it for the warm-up")
     store = _remote_store(args.push) if args.push else None  # a bad URL fails before compiling anything
     problems, pushes = [], []
-    with worker_pool(args.jobs, targets) as pool:  # tracing and compiling share the workers
+    with warmup_mark(cache_dir), worker_pool(args.jobs, targets) as pool:  # tracing and compiling share the workers
         started = time.perf_counter()
         plans = plan_all(args, specs, targets, pool, verify_collapse=not args.no_verify_collapse,
                          cache_dir=None if args.replan else cache_dir)
@@ -164,7 +170,8 @@ def cmd_check(args) -> int:
     specs, targets, cache_dir = prepare(args)
     note = check_cache_dir(cache_dir, for_writing=False)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
-    reports = [check(plan_with_engine(args, specs, t), cache_dir, serve_at=serve_at) for t in targets]
+    reports = [check(plan_with_engine(args, specs, t), cache_dir, serve_at=serve_at, same_machine=args.same_machine)
+               for t in targets]
     for report, target in zip(reports, targets, strict=True):
         report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
     if args.json:
@@ -172,52 +179,101 @@ def cmd_check(args) -> int:
                           "serve_at": str(serve_at) if serve_at else None,
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
-        print(f"cache: {cache_dir}" + (f" ({note})" if note else "") +
-              (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
+        wrap_print("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
+                   (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
         if serve_at is None:  # this machine is not that server
             note_where_triton_reads(cache_dir)
         for r in reports:
-            status = "ok" if r.ok else "PROBLEMS"
-            unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
-            print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
-                  f"{len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows, "
-                  f"{len(r.redundant)} redundant rows")
-            if r.manifest_problem:
-                print(f"  manifest: {printable(r.manifest_problem)}")
-            if r.bypassed:
-                print(f"  runtime: {r.bypassed}")
-            for line in r.reasons:
-                print(f"  why: {printable(line)}")
-            for m in r.unreadable:
-                print(f"  unreadable  {m['id']}  {short_kernel(m['kernel'])}  {m['why']}")
-            for m in r.missing:
-                print(f"  missing  {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
-                if m.get("why"):
-                    print(f"           {m['why']}")
-            for m in r.corrupt:
-                print(f"  corrupt  {m['id']}  {short_kernel(m['kernel'])}" +
-                      (f"  ({printable(m['why'])})" if m.get("why") else ""))
-            if r.from_fleet:
-                print(f"  {len(r.from_fleet)} not in the local cache but in the shared cache, intact: Triton fetches "
-                      "each at its first lookup (`engine run` at start-up)")
-            for other in r.other_environments:
-                print(f"  also {other['entries']} entries of another environment ({other['id'] or 'unrecorded'}), "
-                      "never read by this runtime" + ("" if r.missing else f": {other['differences'][0]}"))
-            if r.missing_c_launchers:
-                print(f"  {len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
-                      f"{r.c_launcher_fix}")
-            for row in r.unreachable:
-                print(f"  unreachable row: {row} launches no kernel")
-            for line in r.errors + r.collapse_errors:
-                print(f"  error: {line}")
-            for line in r.unknown_winners:
-                print(f"  winner unknown: {line}")
-            for line in r.notes:
-                print(f"  note: {printable(line)}")
-            if args.verbose:
-                for row in r.redundant:
-                    print(f"  redundant row: {row}")
+            _print_check(r, args.verbose)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def _print_check(r, verbose: bool) -> None:
+    """One line per cause, with its count; ``verbose`` adds a line per variant or row."""
+    status = "ok" if r.ok else "PROBLEMS"
+    unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
+    print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
+          f"{len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows, "
+          f"{len(r.redundant)} redundant rows")
+    say = wrap_print
+    if r.interrupted:
+        say("  interrupted: ", r.interrupted)
+    if r.manifest_problem:
+        say("  manifest: ", r.manifest_problem)
+    if r.bypassed:
+        say("  runtime: ", r.bypassed)
+    for line in r.reasons:
+        say("  why: ", line)
+    if verbose:
+        for m in r.unreadable:
+            say("  unreadable  ", f"{m['id']}  {short_kernel(m['kernel'])}  {m['why']}")
+        for m in r.missing:
+            say("  missing  ", f"{m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}")
+            if m.get("why"):
+                say("           ", m["why"])
+        for m in r.corrupt:
+            say("  corrupt  ", f"{m['id']}  {short_kernel(m['kernel'])}" + (f"  ({m['why']})" if m.get("why") else ""))
+        for m in r.read_elsewhere:
+            say("  elsewhere  ", f"{m['id']}  {short_kernel(m['kernel'])}  files in {m['folder']}")
+    else:
+        for line in summarise_rows(r):
+            say("  ", line)
+    if r.from_fleet:
+        say("  ", f"{len(r.from_fleet)} not in the local cache but in the shared cache, intact: Triton fetches "
+                  "each at its first lookup (`engine run` at start-up)")
+    for other in r.other_environments:
+        say("  ", f"also {other['entries']} entries of another environment ({other['id'] or 'unrecorded'}), never "
+                  "read by this runtime" + ("" if r.missing else f": {other['differences'][0]}"))
+    if r.missing_c_launchers:
+        say("  ", f"{len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
+                  f"{r.c_launcher_fix}")
+    if verbose or len(r.unreachable) <= 3:
+        for row in r.unreachable:
+            say("  unreachable row: ", f"{row} launches no kernel")
+    else:
+        say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel, first {r.unreachable[0]} (--verbose "
+                  "lists them)")
+    for line in r.errors + r.collapse_errors:
+        say("  error: ", line)
+    for line in r.unknown_winners:
+        say("  winner unknown: ", line)
+    for line in r.notes:
+        say("  note: ", line)
+    if verbose:
+        for row in r.redundant:
+            print(f"  redundant row: {row}")
+
+
+def summarise_rows(r) -> list[str]:
+    """The variants behind the counts, one line per cause (what ``--verbose`` lists one by one)."""
+    lines = []
+    causes: dict[str, list[dict]] = {}
+    for m in r.missing:
+        causes.setdefault(m.get("cause") or "not warmed", []).append(m)
+    for cause, rows in causes.items():
+        kernels = sorted({short_kernel(m["kernel"]) for m in rows})
+        named = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
+        lines.append(f"missing: {len(rows)} ({cause}): {named}: {MISSING_ADVICE.get(cause, rows[0].get('why') or '')}"
+                     .rstrip(": ") + " (--verbose lists each)")
+    damaged = [m for m in r.corrupt if not m.get("why")]
+    if damaged:
+        lines.append(f"corrupt: {len(damaged)} (files that do not match the manifest): `tritonwarm warmup` "
+                     "replaces them (--verbose lists each)")
+    for why in sorted({m["why"] for m in r.corrupt if m.get("why")}):
+        count = sum(1 for m in r.corrupt if m.get("why") == why)
+        lines.append(f"corrupt: {count} ({why}): `tritonwarm warmup` replaces them (--verbose lists each)")
+    if r.unreadable:
+        lines.append(f"unreadable: {len(r.unreadable)}: {r.unreadable[0]['why']} (--verbose lists each)")
+    return lines
+
+
+MISSING_ADVICE = {
+    "not warmed": "warm up with these specs (`tritonwarm warmup`)",
+    "kernel not warmed": "no variant of the kernel is warmed for this environment: warm a spec that launches it",
+    "other class": "a class of their arguments was not warmed: warm a spec row that launches it",
+    **dict.fromkeys(("copied", "files gone", "other options", "other code", "other module constants"),
+                    "the why line above says why"),
+}
 
 
 def _check_trace(args) -> int:

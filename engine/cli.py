@@ -34,8 +34,8 @@ def add_engine_parser(subparsers) -> None:
     run.add_argument("--dry-run", action="store_true",
                      help="meta tensors and fake launches for --target: prove the cache covers the workload")
     run.add_argument("--target", help="the dry run's target (sm90, gfx942, ...)")
-    run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, $TRITON_CACHE_DIR, "
-                                         "or the user cache dir)")
+    run.add_argument("--cache-dir", help="cache directory (default: $TRITONWARM_CACHE_DIR, else the folder Triton "
+                                         "reads: $TRITON_CACHE_DIR, else Triton's default ~/.triton/cache)")
     run.add_argument("--record", metavar="FILE", help="write the dispatch record (JSONL) here")
     run.add_argument("--metrics", metavar="FILE", help="write Prometheus metrics (text format) here")
     run.add_argument("--kv-memory-gib", type=float, metavar="GIB",
@@ -78,6 +78,11 @@ def cmd_engine_run(args) -> int:
     if args.kv_memory_gib is not None and not 0 < args.kv_memory_gib <= 2**20:
         raise ValueError(f"--kv-memory-gib {args.kv_memory_gib}: a size in GiB, more than 0 and at most 2**20")
     _check_paths(args)
+    from ..jit.cache.layout import old_default_note
+
+    note = old_default_note(args.cache_dir)
+    if note:
+        print(f"tritonwarm: {note}", file=sys.stderr)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
     try:

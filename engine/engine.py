@@ -15,6 +15,7 @@ import torch
 
 from ..jit import in_fake_mode
 from ..jit.monitor import DispatchMonitor
+from ..jit.progress import set_phase
 from .config import EngineConfig
 from .graphs import DecodeGraphs, is_graph_step
 from .kv import BlockAllocator, KVCache
@@ -115,6 +116,7 @@ class Engine:
                 result.first_token_seconds = time.perf_counter() - start
             result.steps += 1
             result.tokens_processed += batch.num_tokens
+            set_phase(f"serving {len(requests)} requests: step {result.steps}, {result.tokens_processed} tokens")
             if monitor is not None:
                 for cache_hash in monitor.dispatches.keys() - result.first_seen.keys():
                     result.first_seen[cache_hash] = {"step": step, "requests": len(batch.work),

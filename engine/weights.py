@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..jit.progress import set_phase
 from .config import ModelConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32,
@@ -66,7 +67,9 @@ def random_weights(cfg: ModelConfig, dtype: torch.dtype, device, seed: int) -> d
         return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in weight_shapes(cfg).items()}
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
-    for name, shape in weight_shapes(cfg).items():
+    shapes = weight_shapes(cfg)
+    for i, (name, shape) in enumerate(shapes.items()):
+        set_phase(f"generating random weights: {i}/{len(shapes)} tensors")
         if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
             w = 1.0 + 0.1 * torch.randn(shape, generator=gen, device=device)
         elif name.endswith("correction_bias"):

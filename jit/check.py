@@ -9,6 +9,7 @@ from the runtime's is named in one line, with its fix.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,9 @@ from .cache.env import (
     keyed_for_another,
     same_environment,
 )
+from .cache.layout import foreign_group_folder
 from .cache.manifest import entry_fingerprint, manifests
+from .cache.marks import interrupted_line
 from .cache.records import metadata_problem
 from .cache.remote import held_by_fleet
 from .compile import groups_read_as_served
@@ -72,12 +75,15 @@ class CheckReport:
     bypassed: str | None = None  # this runtime does not serve the folder (TRITON_ALWAYS_COMPILE, _CACHE_MANAGER)
     from_fleet: list[dict] = field(default_factory=list)  # not local, but Redis holds them: fetched at first lookup
     serve_at: str | None = None  # checked as a server that mounts the folder there reads it
+    read_elsewhere: list[dict] = field(default_factory=list)  # hits only because another folder here has the files
+    interrupted: str | None = None  # a warm-up into this folder that did not finish
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
                     or self.unknown_winners or self.missing_c_launchers or self.unreadable
-                    or self.manifest_problem or self.bypassed)
+                    or self.manifest_problem or self.bypassed or self.read_elsewhere
+                    or self.interrupted)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -95,11 +101,14 @@ def _metadata_mismatch(files: dict[str, str], variant) -> str | None:
     return metadata_problem(data, variant.entry_dir)
 
 
-def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve_at: Path | None = None) -> CheckReport:
+def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve_at: Path | None = None,
+          same_machine: bool = False) -> CheckReport:
     """Plan vs cache: what serving would compile, what is damaged, what the spec cannot reach, and why.
 
     ``serve_at``: check as a server that mounts ``cache_dir`` at that path reads it (an init container
-    that filled the volume with ``bundle install --serve-at``)."""
+    that filled the volume with ``bundle install --serve-at``). An entry whose group file names its
+    files in another folder (a ``cp -r`` of a cache) hits here only while that folder exists: a
+    problem, unless ``same_machine`` (the copy is served where the original stays), then a note."""
     target = the_plan.target
     runtime = runtime if runtime is not None else current_fingerprint()
     report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
@@ -108,6 +117,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
                          environment=fingerprint_id(runtime, target.name),
                          bypassed=None if keyed_for_another() else cache_bypassed(),
                          serve_at=str(serve_at) if serve_at else None)
+    report.interrupted = interrupted_line(cache_dir)
     manifest = Manifest(cache_dir, target.name)
     try:
         recorded = manifest.read()
@@ -134,6 +144,16 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
             report.corrupt.append({**summary, "why": why})
         else:
             intact.append(variant)
+            elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name)
+            if elsewhere is not None and not _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir)):
+                report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere)})
+    if report.read_elsewhere:
+        line = _read_elsewhere(report.read_elsewhere, cache_dir)
+        if same_machine:
+            report.notes.append(line)
+            report.read_elsewhere = []
+        else:
+            report.reasons.append(line)
     fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)
     report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
     report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
@@ -170,6 +190,24 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
     return report
 
 
+def _same_folder(a, b) -> bool:
+    """The same folder under two paths (a bind mount, a link): not a copy."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _read_elsewhere(rows: list[dict], cache_dir: Path) -> str:
+    """One line for entries whose files are read from another folder (a copied cache)."""
+    folders = Counter(row["folder"] for row in rows)
+    folder, _ = folders.most_common(1)[0]
+    more = f" (and {len(folders) - 1} other folders)" if len(folders) > 1 else ""
+    return (f"{_variants(len(rows))} read from {folder}{more}, not from {cache_dir}: its group files name files there "
+            "(a copied cache): a server without that folder misses them: move a cache with `tritonwarm bundle create` "
+            "+ `bundle install` (`--serve-at PATH` for another mount path); on this machine: `check --same-machine`")
+
+
 def _served_elsewhere(marked: Path | None, serve_at: Path | None) -> str:
     """Why entries installed for one mount path miss at another (``bundle install --serve-at``)."""
     if serve_at is None:
@@ -194,7 +232,7 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
         if reason.kind == OTHER_TARGET:  # the same for every variant: said once
             report.reasons.append(reason.line)
             return
-        summary["why"] = reason.line
+        summary["why"], summary["cause"] = reason.line, reason.kind
         if reason.kind in _SHARED_CAUSES and not (copies_explained and reason.kind == COPIED):
             detail = (summary["kernel"],) if reason.kind == OTHER_CODE else (
                 (summary["kernel"], reason.detail) if reason.kind == OTHER_GLOBALS else (reason.detail or "",))

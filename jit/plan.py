@@ -107,7 +107,7 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
             partial, key = parts.get((target.name, i), (None, None))
             if isinstance(partial, Future):
                 partial = Plan.from_json(target, partial.result())
-            if key is not None:  # traced just now: remember it
+            if key is not None and storable(partial):  # traced just now: remember it
                 store.save(key, partial.to_json(), kernel_source_keys(partial))
             if partial is not None:
                 result.merge(partial)
@@ -121,6 +121,13 @@ def _plan_spec_in_worker(file: str, index: int, target_name: str, verify_collaps
 
     spec = load_spec_file(file)[index]
     return _plan_spec(spec, TARGETS[target_name], verify_collapse).to_json()
+
+
+def storable(the_plan: Plan) -> bool:
+    """A trace that failed (a launcher that raised, a module not importable) is never remembered: what
+    fixes it (PYTHONPATH, an installed package, a file beside the spec) is no input of the store's key,
+    and the next warm-up must trace again."""
+    return not the_plan.errors
 
 
 def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:

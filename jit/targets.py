@@ -128,7 +128,8 @@ def active_gpu_target() -> GPUTarget | None:
 
 
 def resolve_target(name: str | None) -> Target:
-    """``sm90`` / ``gfx942`` / ... / ``local``; None means the local GPU. Errors list the choices."""
+    """``sm90`` / ``gfx942`` / ... / ``local``, or a GPU name (``h100``, ``mi300x``: see ``gpu_names``);
+    None means the local GPU. Errors name the nearest known name and list the choices."""
     if name in (None, "local"):
         target = local_target()
         if target is None:
@@ -136,9 +137,13 @@ def resolve_target(name: str | None) -> Target:
                 f"no GPU on this machine: pass --target, one of {', '.join(TARGETS)}"
             )
         return target
-    target = TARGETS.get(name)
+    from .gpu_names import nearest, target_of_gpu
+
+    target = TARGETS.get(name) or TARGETS.get(target_of_gpu(name) or "")
     if target is None:
-        raise UnknownTargetError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}, local")
+        near = nearest(name, TARGETS)
+        raise UnknownTargetError(f"unknown target {name!r}" + (f" (nearest: {near})" if near else "") +
+                                 f": choose one of {', '.join(TARGETS)}, local, or a GPU name (`tritonwarm targets`)")
     return target
 
 

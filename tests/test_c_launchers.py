@@ -330,7 +330,7 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
     start = driver_start("cuda")
 
     assert (f"cuda_utils   keyed by libcuda.so.1 in {driver} (TRITON_LIBCUDA_PATH; not on this machine): warmup "
-            "here builds it") in run_cli("env", rc=0, env=env).stdout
+            "here builds it") in run_cli("env", rc=0, env=env).stdout.replace("\n" + " " * 13, " ")
     cache = tmp_path / "cache"
     out = run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env).stdout
     assert "C launchers: 1 needed: 1 built" in out
@@ -347,11 +347,12 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
         started = subprocess.run(start + ["--no-build"], capture_output=True, text=True,
                                  env={**env, "TRITON_CACHE_DIR": str(served)})
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
-        assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {driver}" in run_cli("env", rc=0, env=env).stdout
+        assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {driver}" in run_cli(
+            "env", rc=0, env=env).stdout.replace("\n" + " " * 13, " ")
         assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0,
                                                env=env).stdout
         shutil.rmtree(module.parent)  # removed under the mount: the fleet's volume without it
-        out = run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout
+        out = " ".join(run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout.split())
     assert ("1 C launchers missing (Triton would build them at first launch): this process cannot write to the "
             "cache (read-only, or another owner's): Triton's first launch would fail writing them into it") in out
     assert ("on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys cuda_utils "
@@ -411,6 +412,6 @@ def test_hip_modules_keyed_by_the_runtime_path_serve_a_read_only_cache(tmp_path,
         assert "gfx942: ok: 1 planned" in run_cli("check", spec, "--target", "gfx942", "--cache-dir", served,
                                                  rc=0).stdout
         shutil.rmtree(utilities.parent)
-        out = run_cli("check", spec, "--target", "gfx942", "--cache-dir", served, rc=1).stdout
+        out = " ".join(run_cli("check", spec, "--target", "gfx942", "--cache-dir", served, rc=1).stdout.split())
     assert "1 C launchers missing (Triton would build them at first launch): this process cannot write" in out
     assert "or with TRITON_LIBHIP_PATH naming its libamdhip64.so" in out

@@ -86,7 +86,8 @@ def test_a_cache_copied_to_another_path_is_named_as_copied(tmp_path, fp16_cache)
 def test_a_server_with_other_compile_options_is_told_which(tmp_path, fp16_cache, run_cli):
     (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
     env = {**os.environ, "TRITON_DEBUG": "1"}  # no part of the environment's fingerprint: an option in Triton's key
-    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, rc=1, env=env).stdout
+    out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, "--verbose", rc=1,
+                  env=env).stdout
     assert "has the same arguments, compiled with other options: debug (warmed False, here True)" in out
     assert "why: 1 planned variant is warmed with other compile options: debug (warmed False, here True)" in out
 
@@ -214,8 +215,9 @@ def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(c
     kernels = code / "edited_kernels.py"
     kernels.write_text(kernels.read_text().replace("x + 1.0", "x + 2.0"))
 
-    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=env).stdout
+    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, "--verbose", rc=1, env=env).stdout
     assert "1 missing" in out
+    out = " ".join(out.split())  # lines over 200 characters are wrapped
     assert ("why: edited_kernels.add_const: 1 planned variant is cached for Triton's same keys under other "
             "hashes: the kernel's code is not the code that warmed this cache") in out
     assert "has Triton's same key (arguments and options) under another hash" in out
@@ -255,7 +257,7 @@ def test_a_module_level_constexpr_computed_at_import_is_named_when_it_differs(cu
     run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
 
     server = {**env, "ADD_CONST_INCREMENT": "2.0"}
-    out = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=server).stdout
+    out = " ".join(run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=server).stdout.split())
     assert ("why: edited_kernels.add_const: 1 planned variant is cached for Triton's same keys under other hashes, "
             "warmed with other values of the module-level constexprs the kernel reads: INCREMENT (warmed 1.0, here "
             "2.0): values computed when the module is imported (from an environment variable, or the machine) are "
@@ -270,7 +272,8 @@ def test_a_module_level_constexpr_computed_at_import_is_named_when_it_differs(cu
 def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache, run_cli):
     (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
     args = ("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache)
-    elsewhere = run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "other")}).stdout
+    elsewhere = " ".join(run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "other")}).stdout
+                         .split())  # lines over 200 characters are wrapped
     assert f"note: Triton in this environment reads {tmp_path / 'other'}: serve with TRITON_CACHE_DIR={fp16_cache}" \
         in elsewhere
     assert "note: Triton" not in run_cli(*args, rc=0, env={**os.environ, "TRITON_CACHE_DIR": str(fp16_cache)}).stdout
@@ -280,8 +283,9 @@ def test_check_notes_that_triton_here_reads_another_folder(tmp_path, fp16_cache,
     default.mkdir(parents=True)
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_CACHE_DIR"}, "TRITON_HOME": str(tmp_path / "home")}
     out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", default, rc=1, env=env).stdout
-    assert ("note: TRITON_CACHE_DIR is unset: Triton reads this cache as its default only until torch.compile sets "
-            f"TRITON_CACHE_DIR to Inductor's folder, at its first kernel: serve with TRITON_CACHE_DIR={default}") in out
+    out = " ".join(out.split())
+    assert ("note: TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile points it at "
+            f"Inductor's: serve with TRITON_CACHE_DIR={default}") in out
 
 
 @pytest.mark.slow

@@ -455,7 +455,7 @@ def _check_group(data: bytes, entry_dir: str, files: dict, path: Path, name: str
 
 
 def _differences(header: dict) -> list[str]:
-    warmed, here = header["fingerprint"], env.fingerprint()
+    warmed, here = header["fingerprint"], getattr(env, "current_fingerprint", env.fingerprint)()  # or --for's
     try:
         if "targets" in inspect.signature(env.differences).parameters:  # compare only the bundled targets' backends
             return env.differences(warmed, here, targets=sorted(header["targets"]))

@@ -90,15 +90,52 @@ def _running(pid: int) -> bool:
 
 
 def resolve_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """``--cache-dir`` > ``TRITONWARM_CACHE_DIR`` > the user's own ``TRITON_CACHE_DIR`` > platformdirs.
+    """``--cache-dir`` > ``TRITONWARM_CACHE_DIR`` > the folder a plain Triton process reads.
 
-    The user's ``TRITON_CACHE_DIR`` is read, never written: it is what their runtime reads, so it is
-    the right place to warm when they set it (vLLM #48806 overwrote it).
+    That last one is Triton's own ``knobs.cache.dir``: the user's ``TRITON_CACHE_DIR`` when set (read,
+    never written: vLLM #48806 overwrote it), else Triton's default (``~/.triton/cache``). So the
+    default warm-up fills what the user's own Triton program reads, with no variable set.
     """
-    for candidate in (explicit, os.environ.get("TRITONWARM_CACHE_DIR"), os.environ.get("TRITON_CACHE_DIR")):
+    for candidate in (explicit, os.environ.get("TRITONWARM_CACHE_DIR")):
         if candidate:
             return Path(candidate).expanduser().absolute()
+    return triton_default_cache_dir()
+
+
+def triton_default_cache_dir() -> Path:
+    """The folder Triton in this process reads and writes: ``TRITON_CACHE_DIR``, else its default, as
+    Triton itself says (``knobs.cache.dir`` on 3.4+, ``default_cache_dir()`` before)."""
+    try:
+        from triton import knobs
+
+        folder = knobs.cache.dir
+    except (ImportError, AttributeError):
+        folder = os.environ.get("TRITON_CACHE_DIR")
+        if not folder:
+            try:
+                from triton.runtime.cache import default_cache_dir
+
+                folder = default_cache_dir()
+            except ImportError:
+                folder = os.path.join(os.environ.get("TRITON_HOME") or os.path.expanduser("~"), ".triton", "cache")
+    return Path(folder).expanduser().absolute()
+
+
+def old_default_cache_dir() -> Path:
+    """Where tritonwarm warmed by default before it warmed Triton's own folder."""
     return Path(platformdirs.user_cache_dir("tritonwarm")) / "triton"
+
+
+def old_default_note(explicit: str | os.PathLike | None = None) -> str | None:
+    """One line for a user whose cache is still in tritonwarm's old default folder, when the folder
+    chosen now is the new default (nothing named it) and that old folder holds warmed entries."""
+    if explicit or os.environ.get("TRITONWARM_CACHE_DIR"):
+        return None
+    old, new = old_default_cache_dir(), triton_default_cache_dir()
+    if old == new or not any((old / "tritonwarm").glob("manifest-*.json")):
+        return None
+    return (f"note: an earlier tritonwarm warmed {old}; Triton reads {new}: warm again, "
+            f"or use that cache with --cache-dir {old} (serve it with TRITON_CACHE_DIR={old})")
 
 
 def ensure_writable(cache_dir: Path) -> None:
