@@ -17,6 +17,8 @@ EXAMPLES: dict[str, str] = {
     "bundle create": "tritonwarm bundle create warm-sm90.tar.gz --target sm90",
     "bundle verify": "tritonwarm bundle verify warm-sm90.tar.gz --for serving.json",
     "bundle install": "tritonwarm bundle install warm-sm90.tar.gz --cache-dir /srv/triton-cache",
+    "bundle sign": "tritonwarm bundle sign warm-sm90.tar.gz --key release.key",
+    "bundle keygen": "tritonwarm bundle keygen release",
     "bundle merge": "tritonwarm bundle merge warm.tar.gz shard-1.tar.gz shard-2.tar.gz",
     "tune": "tritonwarm tune --target local",
     "record": "tritonwarm record -o plan.yaml --target sm90 -- python serve.py",

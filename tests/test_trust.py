@@ -241,6 +241,8 @@ def test_check_reports_an_entry_holding_another_keys_files(warmed, tmp_path, cap
     rows[b.cache_hash]["files"] = {n: file_sha256(cache / b.entry_dir / n) for n in rows[b.cache_hash]["files"]}
     Manifest(cache, "sm90").update({b.cache_hash: rows[b.cache_hash]})
     assert main(["check", str(root / "rms.yaml"), "--target", "sm90", "--cache-dir", str(cache)]) == 1
+    assert "corrupt: 1 (" in (out := capsys.readouterr().out) and "another kernel's files" in out  # one line a cause
+    assert main(["check", str(root / "rms.yaml"), "--target", "sm90", "--cache-dir", str(cache), "--verbose"]) == 1
     out = capsys.readouterr().out
     assert f"corrupt  {b.variant_id}" in out and "another kernel's files" in out
 
@@ -259,7 +261,9 @@ def test_a_damaged_manifest_is_set_aside_and_rebuilt(warmed, tmp_path, capsys, d
     capsys.readouterr()
     assert main(["bundle", "install", str(root / "good.tar.gz"), "--cache-dir", str(dest), "--no-c-launchers"]) == 0
     err = capsys.readouterr().err
-    assert "manifest-sm90.json was damaged: set aside as manifest-sm90.json.damaged" in err and err.count("\n") == 1
+    one_line = " ".join(line.strip() for line in err.splitlines())  # one warning, wrapped to the line width
+    assert "manifest-sm90.json was damaged: set aside as manifest-sm90.json.damaged" in one_line
+    assert err.count("tritonwarm: warning:") == 1
     assert (dest / "tritonwarm" / "manifest-sm90.json.damaged").read_text() == damage
     assert sorted(Manifest(dest, "sm90").read()) == sorted(v.cache_hash for v in the_plan.variants.values())
     assert main(["bundle", "install", str(root / "good.tar.gz"), "--cache-dir", str(dest), "--no-c-launchers"]) == 0
