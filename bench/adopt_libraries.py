@@ -10,8 +10,8 @@ backward, and each target (sm90, gfx942):
   SM/CU count). Plain Triton computes every key (its own binder, its ``jit_cache_hook``); nothing runs.
   An autotuned kernel counts every config (a server asks for the one it picks).
 - spec path: ``tritonwarm warmup examples/adopt_<lib>.yaml`` (``capture: all``, no glue);
-- record path: ``tritonwarm record --target T`` of that program (a dry run on meta tensors), then
-  ``warmup PLAN``;
+- dry-run record: ``tritonwarm record --target T`` of that program (``--device meta``: its tensors are
+  seen as the server's ``cuda`` ones), then ``warmup PLAN``;
 - server record: the judge's own launches recorded as ``tritonwarm record`` records them on the GPU
   server (real launches watched), then ``warmup PLAN``: the adoption loop's first step.
 
@@ -165,8 +165,8 @@ def table(libs, targets) -> list[dict]:
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT.parent), os.environ.get("PYTHONPATH")]))}
         for lib in libs:
             spec = ROOT / "examples" / f"adopt_{lib}.yaml"
-            keys, sources = {}, {"spec": [spec], "record": [], "server record": []}
-            notes = {"spec": "", "record": "", "server record": ""}
+            keys, sources = {}, {"spec": [spec], "dry-run record": [], "server record": []}
+            notes = {"spec": "", "dry-run record": "", "server record": ""}
             for target in targets:
                 server = Path(tmp, f"{lib}-{target}.server.plan.yaml")
                 judged = subprocess.run([sys.executable, __file__, "--judge", lib, target, server],
@@ -179,9 +179,9 @@ def table(libs, targets) -> list[dict]:
                 recorded = _cli("record", "-o", plan, "--target", target, "--", sys.executable, "-m",
                                 f"tritonwarm.examples.adopt_{lib}_prog", "--device", "meta", env=env)
                 if plan.exists():
-                    sources["record"].append(_for_target(plan, target))
+                    sources["dry-run record"].append(_for_target(plan, target))
                 if recorded.returncode != 0:
-                    notes["record"] = (recorded.stderr.strip().splitlines() or ["record failed"])[-1]
+                    notes["dry-run record"] = (recorded.stderr.strip().splitlines() or ["record failed"])[-1]
             for path, files in sources.items():
                 cache = Path(tmp, f"{lib}-{path.replace(' ', '-')}")
                 wall, compile_seconds, says, note = _warm_and_check(files, targets, cache, env) if files else (

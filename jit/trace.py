@@ -167,10 +167,11 @@ class Capture(FakeLaunchSink):
 
 
 @contextlib.contextmanager
-def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=None):
+def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=None, meta_as_cuda: bool = False):
     """Fake launches into ``cap`` for ``target``: JitKernels always; with ``all_kernels`` every
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
-    packages' kernels), through Triton's own hook, with device questions answered for the target."""
+    packages' kernels), through Triton's own hook, with device questions answered for the target.
+    ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too."""
     from .adopt.autotune import AutotuneState, autotune_mode
     from .adopt.server_tensors import server_tensors
 
@@ -180,7 +181,7 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
         stack.enter_context(autotune_mode(state))
         if all_kernels:
             stack.enter_context(target_device_answers(target))
-            stack.enter_context(server_tensors("meta"))  # cuda allocations in host code: as on the server
+            stack.enter_context(server_tensors("meta", meta_as_cuda))  # cuda allocations: as on the server
             stack.enter_context(_hook_lock)
             previous = knobs.runtime.jit_cache_hook
             knobs.runtime.jit_cache_hook = cap.any_kernel_hook(target)

@@ -92,6 +92,32 @@ args:
     assert {"=1024", f"={sms}"} <= args
 
 
+
+@pytest.mark.parametrize("device", ["meta", "cuda"])
+@pytest.mark.parametrize("target_name", BOTH)
+def test_a_dry_run_record_takes_the_gpu_path_of_a_device_type_branch(tmp_path, library, target_name, device):
+    """A program recorded as a dry run, with ``--device meta`` or as it runs on the server (``cuda``):
+    the library's wrapper sees ``cuda`` and the target's SM count, so the plan's keys are the server's."""
+    from tritonwarm.jit.adopt.imports import import_afresh
+    from tritonwarm.jit.adopt.record import read_record, recording, write_plan
+
+    module, record, plan_file = library("device_branch"), tmp_path / "record.jsonl", tmp_path / "prog.plan.yaml"
+    with recording(record, target_name):  # what ``tritonwarm record --target T -- python prog.py`` runs
+        program_library = import_afresh(module)
+        for n in (1000, 4096):
+            program_library.scale(torch.ones(n, device=device))
+    recorded = read_record(record)
+    assert not recorded.errors and len(recorded.rows) == 2
+    write_plan(recorded.rows, plan_file, ["prog.py"], target_name)
+    the_plan = plan(load_specs([plan_file]), TARGETS[target_name])
+    assert not the_plan.errors
+
+    with playing_server(TARGETS[target_name], tmp_path / "empty") as served:
+        served_library = served.import_module(module)
+        for n in (1000, 4096):
+            served.call(served_library.scale, served.tensor(torch.ones(n)))
+    assert {x.cache_hash for x in served.launches} == set(the_plan.variants)
+
 def test_an_import_time_probe_gives_each_targets_configs_and_its_pinned_winner_the_servers_key(tmp_path, library):
     """One process warms sm90, then gfx942, then sm90 again: each sees the module as its server imports it."""
     module = library("import_probe")

@@ -377,3 +377,38 @@ def test_install_into_a_fresh_folder_still_works(warmed, tmp_path):
     root, _, _ = warmed
     report = install(root / "good.tar.gz", tmp_path / "fresh", compare_environment=False)
     assert report.installed == 2
+
+
+def test_a_state_file_another_process_replaces_while_it_is_checked_is_no_refusal(tmp_path, monkeypatch):
+    """A manifest or probe file listed, then replaced or removed by a concurrent warm-up (``--jobs``,
+    another target) before it is looked at, is not a link and not an error."""
+    from tritonwarm.jit.cache import layout
+
+    state = tmp_path / "cache" / "tritonwarm"
+    (state / "locks").mkdir(parents=True)
+    (state / ".manifest-gfx942.tmp").write_text("{}")
+    (state / "locks" / "a.lock").write_text("")
+    real_scandir = os.scandir
+
+    class Racing:
+        """os.scandir, with each file removed right after it is listed (as another process would)."""
+
+        def __init__(self, path):
+            self.inner = real_scandir(path)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.inner.close()
+
+        def __iter__(self):
+            for item in self.inner:
+                if item.is_file(follow_symlinks=False):
+                    os.unlink(item.path)
+                yield item
+
+    monkeypatch.setattr(layout.os, "scandir", Racing)
+    layout.refuse_links_in_state(state)  # nothing raised
+    monkeypatch.undo()
+    layout.ensure_writable(tmp_path / "cache")

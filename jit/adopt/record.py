@@ -327,7 +327,7 @@ def recording(out: str | Path, target_name: str | None = None, *, trace: bool = 
             from ..trace import Capture, tracing
 
             recorder.capture = Capture()
-            stack.enter_context(tracing(recorder.capture, TARGETS[target_name], all_kernels=True))
+            stack.enter_context(tracing(recorder.capture, TARGETS[target_name], all_kernels=True, meta_as_cuda=True))
         try:
             yield recorder
         finally:

@@ -15,6 +15,10 @@ instead (``meta`` while warming, ``cpu`` for a test that plays the server) and c
 ``ServerTensor``; operations on ``ServerTensor`` s give ``ServerTensor`` s. Host code that reads a
 meta tensor's values (``.item()``, ``.tolist()``, ``nonzero()``, ``if t:``) fails with
 ``DataDependentError`` naming the user's file and line and the spec field that provides them.
+
+``server_tensors("meta", meta_as_cuda=True)`` (a dry-run ``record``) also takes the program's own
+``meta`` tensors for the server's: a program run with ``--device meta`` stands them in for its GPU,
+so its libraries' wrappers must see ``cuda`` there too.
 """
 
 from __future__ import annotations
@@ -104,18 +108,20 @@ def as_server_tensor(value, arg: str | None = None):
 
 
 class _ServerTensorMode(TorchFunctionMode):
-    def __init__(self, backing: str):
+    def __init__(self, backing: str, meta_as_cuda: bool):
         super().__init__()
         self.backing = torch.device(backing)
+        self.meta_as_cuda = meta_as_cuda
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {}, self.backing)
+        return _dispatch(func, args, kwargs or {}, self.backing, self.meta_as_cuda)
 
 
 @contextlib.contextmanager
-def server_tensors(backing: str = "meta"):
-    """Inside the block, tensors host code allocates on ``cuda`` are ``ServerTensor`` s on ``backing``."""
-    with _ServerTensorMode(backing):
+def server_tensors(backing: str = "meta", meta_as_cuda: bool = False):
+    """Inside the block, tensors host code allocates on ``cuda`` are ``ServerTensor`` s on ``backing``;
+    ``meta_as_cuda``: ``meta`` tensors too (a program that stands them in for its GPU)."""
+    with _ServerTensorMode(backing, meta_as_cuda and torch.device(backing).type == "meta"):
         yield
 
 
@@ -129,16 +135,20 @@ _DATA_READS = {
 _TO_HOST = {_PLAIN.cpu, _PLAIN.numpy}
 
 
-def _is_cuda(device) -> bool:
+def _is_cuda(device, meta_as_cuda: bool = False) -> bool:
+    types = ("cuda", "meta") if meta_as_cuda else ("cuda",)
     if isinstance(device, torch.device):
-        return device.type == "cuda"
+        return device.type in types
     if isinstance(device, str):
-        return device.split(":")[0] == "cuda"
+        return device.split(":")[0] in types
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-def _dispatch(func, args, kwargs, backing: torch.device | None):
-    """Run ``func`` on the plain tensors, allocate ``cuda`` on the backing device, dress the results."""
+def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bool = False):
+    """Run ``func`` on the plain tensors, allocate ``cuda`` on the backing device, dress the results
+    (``meta_as_cuda``: plain ``meta`` tensors count as the server's too)."""
+    if meta_as_cuda:
+        args, kwargs = tree_map(_dressed_meta, (args, kwargs))
     server = [a for a in _leaves((args, kwargs)) if isinstance(a, ServerTensor)]
     fakes = any(backing_device(s).type == "meta" for s in server)
     if fakes:
@@ -153,11 +163,13 @@ def _dispatch(func, args, kwargs, backing: torch.device | None):
         return args[0] if isinstance(args[0], ServerTensor) else ServerTensor(args[0].to(backing))
     to_cuda = to_host = False
     if "device" in kwargs and kwargs["device"] is not None:
-        to_cuda, to_host = _is_cuda(kwargs["device"]), not _is_cuda(kwargs["device"])
+        to_cuda = _is_cuda(kwargs["device"], meta_as_cuda)
+        to_host = not to_cuda
         if to_cuda:
             kwargs = {**kwargs, "device": backing}
     if func is _PLAIN.to and len(args) > 1 and _is_device(args[1]):
-        to_cuda, to_host = _is_cuda(args[1]), not _is_cuda(args[1])
+        to_cuda = _is_cuda(args[1], meta_as_cuda)
+        to_host = not to_cuda
         if to_cuda:
             args = (args[0], backing, *args[2:])
     plain_args, plain_kwargs = tree_map(lambda v: _unwrap(v, fakes), (args, kwargs))
@@ -172,6 +184,13 @@ def _dispatch(func, args, kwargs, backing: torch.device | None):
         return result
     arg = next((s.arg for s in server if s.arg), None)
     return tree_map(lambda v: ServerTensor(v, arg) if type(v) is _PLAIN and v.device == backing else v, result)
+
+
+def _dressed_meta(value):
+    """A plain ``meta`` tensor as a ``ServerTensor`` (what a program's stand-in for its GPU is)."""
+    if type(value) is _PLAIN and value.device.type == "meta":
+        return ServerTensor(value)
+    return value
 
 
 def _is_device(value) -> bool:

@@ -185,10 +185,23 @@ def refuse_links_in_state(folder: Path) -> None:
                     if item.is_dir(follow_symlinks=False):
                         if depth < 1 and not item.name.startswith(".install-"):  # locks/, plans/ ...
                             pending.append((item.path, depth + 1))
-                    elif item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_nlink > 1:
+                    elif item.is_file(follow_symlinks=False) and _links(item) > 1:
                         refuse(item.path, "a hard link to another file")
+        except FileNotFoundError:
+            if where == str(folder):
+                raise CacheError(f"{where}: removed while it was checked") from None
+            # a scratch folder another warm-up removed between listing and reading: nothing to refuse
         except OSError as e:
             raise CacheError(f"{where}: {e.strerror or e}") from None
+
+
+def _links(item: os.DirEntry) -> int:
+    """How many names the file has; 0 for a file removed since it was listed (another process's
+    manifest, probe or lock replaced or deleted in the meantime: nothing to refuse)."""
+    try:
+        return item.stat(follow_symlinks=False).st_nlink
+    except FileNotFoundError:
+        return 0
 
 
 SERVE_AT_FILE = "serve-at.json"
