@@ -298,3 +298,11 @@ def test_no_long_table_cells():
             for n, line in enumerate(prose(path).split("\n"), 1) if line.startswith("|")
             for cell in line.strip().strip("|").split(" | ") if len(cell.strip()) > MAX_CELL]
     assert not long, long
+
+
+def test_triton_version_marker_names_test_files(pytestconfig):
+    """A renamed test file must not silently leave the second Triton's pass."""
+    (names,) = [plugin.TRITON_VERSION_FILES for plugin in pytestconfig.pluginmanager.get_plugins()
+                if hasattr(plugin, "TRITON_VERSION_FILES")]
+    missing = {name for name in names if not (ROOT / "tests" / name).is_file()}
+    assert names and not missing, missing
