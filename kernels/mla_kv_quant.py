@@ -254,7 +254,7 @@ def _nvfp4_latent_reference(latent: torch.Tensor, fmt):
     gs = (torch.full_like(token_amax, NVFP4_TOKEN_SCALE) / torch.where(token_amax == 0, 1.0, token_amax))
     gs = gs.clamp(max=MAX_GLOBAL_SCALE)
     gs = torch.where(token_amax == 0, 0.0, gs)
-    one_sixth = torch.tensor(1 / 6, dtype=torch.float32)
+    one_sixth = torch.tensor(1 / 6, dtype=torch.float32, device=amax.device)
     block_scale = gs.unsqueeze(-1) * (amax * one_sixth)
     scale_fp8 = block_scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
     out_scale = _reciprocal(scale_fp8.float() * _reciprocal(gs).unsqueeze(-1))
