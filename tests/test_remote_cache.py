@@ -199,13 +199,12 @@ def _plant_group(server, entry, children: dict[str, bytes]):
 def _serving_lookup(monkeypatch, tmp_path, server, entry, manager):
     """Triton's lookup of the entry's group through the manager serving uses (ours, or Triton's own
     ``RemoteCacheManager`` with our backend), with an empty local cache."""
-    from triton import knobs
     from triton.runtime.cache import RemoteCacheManager
     from tritonwarm.jit.cache import remote
 
     monkeypatch.setattr(remote, "_fleet", {})
     _uses_redis(monkeypatch, server.url, *MANAGERS[manager])
-    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "serving"))  # read by Triton, never pinned
     return (remote.RedisCacheManager if manager == "ours" else RemoteCacheManager)(entry).get_group("k.json")
 
 
@@ -250,11 +249,10 @@ def test_an_entry_holding_another_keys_files_is_refused_by_serving_and_by_check(
     files = {name: open(path, "rb").read() for name, path in entry_files(cache, a.entry_dir, a.entry_name).items()}
     _store(redis_server).write_entry(b.entry_dir, _group_name(b), files)
     with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
-        from triton import knobs
         from tritonwarm.jit.cache import remote
         monkeypatch.setattr(remote, "_fleet", {})
         _uses_redis(monkeypatch, redis_server.url)
-        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "serving"))  # read by Triton, never pinned
         assert remote.RedisCacheManager(b.entry_dir).get_group(f"{b.entry_name}.json") is None
     assert any("another kernel's files" in r.getMessage() for r in caplog.records)
     assert not (tmp_path / "serving" / b.entry_dir).exists() or not list((tmp_path / "serving" / b.entry_dir).iterdir())
@@ -268,7 +266,6 @@ def test_an_entry_holding_another_keys_files_is_refused_by_serving_and_by_check(
 def test_a_host_library_is_never_fetched_from_redis(redis_server, tmp_path, monkeypatch):
     """A C module (Triton's launcher, cuda_utils) is loaded into the serving process: Redis cannot
     vouch for it, so it is built locally, never fetched."""
-    from triton import knobs
     from tritonwarm.jit.cache import remote
 
     entry, _ = _fake_entry()
@@ -276,7 +273,7 @@ def test_a_host_library_is_never_fetched_from_redis(redis_server, tmp_path, monk
     _store(redis_server).write_files(entry, {name: b"\x7fELF planted"})
     monkeypatch.setattr(remote, "_fleet", {})
     _uses_redis(monkeypatch, redis_server.url)
-    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "serving"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "serving"))  # read by Triton, never pinned
     assert remote.RedisCacheManager(entry).get_file(name) is None
     assert not list(tmp_path.rglob("*.so"))
 

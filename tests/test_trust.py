@@ -151,11 +151,10 @@ def test_a_spec_alias_is_one_line_and_exit_2(tmp_path, capsys):
 
 @pytest.fixture
 def overlay_env(tmp_path, monkeypatch):
-    from triton import knobs
     from tritonwarm.jit.cache import overlay
 
     monkeypatch.setattr(overlay, "_owned", set())
-    monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "warmed"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "warmed"))  # read by Triton, never pinned
     return tmp_path / "overlay"
 
 
