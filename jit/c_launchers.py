@@ -396,16 +396,18 @@ def _from_entries(variants, cache_dir) -> list:
     """What Triton's launcher classes read of each compiled kernel (its signature, its metadata),
     taken from the entry in the cache and the signature its row records: no kernel module is
     imported and nothing compiles, so a bundle's header naming modules runs none of them."""
-    from .cache.layout import entry_files
+    from .cache.layout import entry_path
 
     kernels = []
     for variant in variants:
         what = f"entry {variant.entry_dir[:16]}"
-        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name) or {}
-        path = files.get(f"{variant.entry_name[:150]}.json")
-        if path is None:
-            raise ValueError(f"{what}: not in the cache")
-        metadata = json.loads(Path(path).read_text())
+        # The entry's own file, not its group's view: a volume filled for another mount path (--serve-at)
+        # has groups naming files there, and its launchers are built or looked up here all the same.
+        path = entry_path(cache_dir, variant.entry_dir) / f"{variant.entry_name[:150]}.json"
+        try:
+            metadata = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{what}: not in the cache") from None
         if not isinstance(metadata, dict):
             raise ValueError(f"{what}: its metadata is not a table")
         signature = _signature(variant.specialization_data, what)
