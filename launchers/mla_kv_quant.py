@@ -19,7 +19,13 @@ from ..kernels.mla_kv_quant import mla_kv_quantize_write_kernel, quantized_mla_d
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op
 from .kv_cache_formats import QUANTIZED_DS_MLA_FORMATS, MLAKVFormat, QuantizedMLALayout, kv_format
-from .paged_attention import MIN_BLOCK, device_sm_count, grid_splits, paged_decode_attention_combine_jit
+from .paged_attention import (
+    MIN_BLOCK,
+    check_block_table_and_seq_lens,
+    device_sm_count,
+    grid_splits,
+    paged_decode_attention_combine_jit,
+)
 
 LATENT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -157,12 +163,7 @@ def quantized_mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, bloc
     if q.dtype not in LATENT_DTYPES or q.stride(-1) != 1:
         raise ValueError(f"q must be fp32, bf16 or fp16 with a unit stride along the head dim, got {q.dtype}")
     layout = QuantizedMLALayout.infer(kv_cache, kv_cache_dtype, kv_lora_rank, key_dim - kv_lora_rank)
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
-            or block_table.stride(-1) != 1:
-        raise ValueError(f"block_table must be int32 [batch, max_blocks] with unit stride, got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    check_block_table_and_seq_lens(block_table, seq_lens, batch)
     if metadata is None:
         metadata = quantized_mla_decode_metadata(seq_lens, block_table, num_heads, layout.block_size, kv_cache_dtype)
     _, num_splits = metadata

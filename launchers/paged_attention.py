@@ -42,6 +42,16 @@ MIN_BLOCK = 16  # tl.dot needs every tile dim >= 16
 COMBINE_SPLITS = 16  # splits the combine kernel merges per step (one [16, value dim] fp32 tile)
 
 
+def check_block_table_and_seq_lens(block_table: torch.Tensor, seq_lens: torch.Tensor, batch: int) -> None:
+    """The paged decode's block table and sequence lengths, as every paged decode launcher reads them."""
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
+            or block_table.stride(-1) != 1:
+        raise ValueError(f"block_table must be int32 [batch, max_blocks] with unit stride, got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}")
+    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
+        raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+
+
 def _head_tile(heads_per_kv: int) -> int:
     # Query heads of one kv head share its K/V loads in one tl.dot; pad to the dot's minimum of 16
     # rows (GQA's 4 heads waste rows but not memory traffic, which is what decode is bound by).
@@ -225,12 +235,7 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table:
         raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from q dtype {q.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q must have a unit stride along the head dim")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
-            or block_table.stride(-1) != 1:
-        raise ValueError(f"block_table must be int32 [batch, max_blocks] with unit stride, got "
-                         f"{block_table.dtype} {tuple(block_table.shape)}")
-    if seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
+    check_block_table_and_seq_lens(block_table, seq_lens, batch)
     if metadata is None:
         metadata = paged_decode_metadata(seq_lens, block_table, num_heads, layout.num_kv_heads, key_dim,
                                          layout.block_size)
