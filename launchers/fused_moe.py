@@ -136,6 +136,18 @@ def active_tile_table() -> TileTable:
     return cached[1]
 
 
+def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
+    """The FP4 kernels' two layout choices. ``SWAP`` below 64-row blocks: the weight tile becomes the
+    MMA's first operand, so Hopper's 64-row warpgroup MMA runs for a 16-token block. ``BF16_BITS``
+    where the target is NVIDIA: the decoded halves are used as bf16 subnormals, which NVIDIA's bf16
+    arithmetic keeps; elsewhere (AMD, Triton's interpreter) the same values go through fp32."""
+    if packed.data_ptr() % 4 or any(stride % 4 for stride in packed.stride()[:2]) or packed.stride(2) != 1:
+        raise ValueError(f"packed FP4 weights {tuple(packed.shape)} must have contiguous rows starting on "
+                         f"4-byte boundaries (strides {tuple(packed.stride())}): they are read as int32 words")
+    target = active_gpu_target()
+    return dict(SWAP=config.block_m < 64, BF16_BITS=target is not None and target.backend == "cuda")
+
+
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
 # N, K and the strides are per-model constants; TOP_K, the tile, the GEMM kind and the weight format
 # are constexprs. ``b_scales`` is None for dense weights (the kernel never reads the scale pointer then).
@@ -149,6 +161,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
     mxfp4 = b_scales is not None
     scales = b_scales if mxfp4 else b
     scale_strides = (b_scales.stride(0), b_scales.stride(1)) if mxfp4 else (0, 0)
+    fp4 = _fp4_constexprs(b, config) if mxfp4 else {}
     return Launch(
         grid=(num_m_blocks * cdiv(n, config.block_n),),
         args=(a, b, scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
@@ -156,7 +169,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
               c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, MXFP4_B=mxfp4,
                         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                        GROUP_M=config.group_m),
+                        GROUP_M=config.group_m, **fp4),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -178,7 +191,8 @@ def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights
               topk_weights.numel(), num_m_blocks, n, a.shape[1], a.stride(0), b.stride(0), b.stride(1),
               b_scales.stride(0), b_scales.stride(1), c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
-                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                        **_fp4_constexprs(b, config)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
