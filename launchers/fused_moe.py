@@ -7,9 +7,10 @@ Tile configs are data: a table keyed by M, the tokens in the call, in the format
 nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
 specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
 
-A table measured on a target (``bench/fused_moe_tiles.py`` prints one) is saved as
-``fused_moe_configs/<target>.json`` (``sm90.json``); a call without an explicit table uses the one of
-the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
+A table measured on a target (``bench/fused_moe_tiles.py`` writes one per weight format) is saved as
+``fused_moe_configs/<target>.json`` (``sm90.json``, dense weights) or ``<target>_mxfp4.json`` /
+``<target>_nvfp4.json`` (FP4 weights, else the dense one); a call without an explicit table uses the
+one of the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
 target-only driver of the target it warms, so it selects from the same table the runtime will.
 ``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
 """
@@ -112,27 +113,35 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
 
 
-def target_table_path(target_name: str) -> Path:
-    """``fused_moe_configs/<target>.json`` where one was measured for that target, else ``default.json``."""
-    path = CONFIG_DIR / f"{target_name}.json"
-    return path if path.is_file() else DEFAULT_CONFIGS
+WEIGHT_FORMATS = ("bf16", "mxfp4", "nvfp4")  # bf16 names the dense table (any dense dtype)
 
 
-_active: tuple[object, TileTable] | None = None  # (the GPUTarget it was read for, its table)
+def target_table_path(target_name: str, weights: str = "bf16") -> Path:
+    """The table a target reads for a weight format: ``<target>_<weights>.json`` where one was
+    measured for an FP4 format, else ``<target>.json`` (dense, measured), else ``default.json``."""
+    for name in ([f"{target_name}_{weights}"] if weights != "bf16" else []) + [target_name]:
+        path = CONFIG_DIR / f"{name}.json"
+        if path.is_file():
+            return path
+    return DEFAULT_CONFIGS
 
 
-def active_tile_table() -> TileTable:
-    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``);
-    ``default.json`` where there is no driver (CPU only: Triton's interpreter). Kept for as long as
-    that driver's answer (the same object) lasts, so a step pays one identity check and a table
-    saved for a target is read by the next driver of that target."""
-    global _active
+_active: dict[str, tuple[object, TileTable]] = {}  # weights -> (the GPUTarget it was read for, its table)
+
+
+def active_tile_table(weights: str = "bf16") -> TileTable:
+    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``), for
+    the weight format (``target_table_path``); ``default.json`` where there is no driver (CPU only:
+    Triton's interpreter). Kept for as long as that driver's answer (the same object) lasts, so a
+    step pays one identity check and a table saved for a target is read by the next driver of that
+    target."""
     target = active_gpu_target()
     if target is None:
         return load_tile_table()
-    cached = _active
+    cached = _active.get(weights)
     if cached is None or cached[0] is not target:
-        cached = _active = (target, load_tile_table(target_table_path(target_from_gpu_target(target).name)))
+        path = target_table_path(target_from_gpu_target(target).name, weights)
+        cached = _active[weights] = (target, load_tile_table(path))
     return cached[1]
 
 
@@ -271,7 +280,8 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
     if global_scales is not None and (hidden_size % 16 or intermediate % 16):
         raise ValueError(f"NVFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 16")
     top_k = topk_ids.shape[1]
-    config = (tile_table or active_tile_table()).select(num_tokens)
+    weights = "mxfp4" if mxfp4 else "nvfp4" if global_scales is not None else "bf16"
+    config = (tile_table or active_tile_table(weights)).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
     if hidden.stride(1) != 1:
