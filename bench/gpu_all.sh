@@ -62,7 +62,8 @@ $py -m tritonwarm env --json -o '$out/env.json'" ;;
     align)
         run align 90 $py "$bench/moe_align_variants.py" --json "$out/align.json" ;;
     moe)
-        run moe 120 $py "$bench/fused_moe_tiles.py" --json "$out/moe.json" ;;
+        run moe 150 $py "$bench/fused_moe_tiles.py" --sweep "${MOE_SWEEP:-small}" --json "$out/moe.json" \
+            --emit-tables "$out/moe_tables" ;;
     dispatch)
         run dispatch 120 $py "$bench/dispatch.py" --gpu --calls 5000 --repeat 3 --json "$out/dispatch.json" ;;
     engine)

@@ -13,6 +13,16 @@ widths of global loads / stores (LDG.E.128 = 16 bytes per thread), registers and
     python bench/sass_count.py --attention [--target sm90]
 
 The paged decode attention split kernels as the declared settings of the target compile them
+(see below), or with ``--moe`` the fused MoE gate/up GEMM (DeepSeek-V2-Lite experts) per weight
+format and tile: the K loop's instructions per weight element (every thread runs the loop, so
+instructions over the elements one thread handles per iteration), the global loads of the weight
+stream (LDGSTS = cp.async into shared memory, with its width; LDG.E.U8 = byte loads), the integer and
+bf16 work of the decode (LOP3, PRMT, shifts, HMUL2), the MMAs (HGMMA: Hopper's warpgroup MMA, HMMA:
+mma.sync), registers, spills and shared memory (all pipeline stages) with the programs per SM it allows.
+
+    python bench/sass_count.py --moe [--target sm90]
+
+The paged decode attention split kernels as the declared settings of the target compile them
 (DeepSeek-V2-Lite MLA on 64-token pages, Llama-8B GQA on 16-token pages): the token loop's
 instructions per iteration (one BLOCK_N tile, per warp), warp-instructions per token of the tile, its
 global loads (LDG, and LDGSTS: cp.async into shared memory), MMAs, registers and spills.
@@ -54,8 +64,9 @@ def count_sass(sass: str) -> dict:
             "ldg": sum(op.startswith("LDG") for op in body), "stg": sum(op.startswith("STG") for op in body)}
 
 
-def compile_sass(jit_kernel, launch, target_name: str = "sm90") -> tuple[str, dict | None]:
-    """(SASS text, resource usage) of ``launch`` compiled for ``target_name`` into a scratch cache."""
+def compile_sass(jit_kernel, launch, target_name: str = "sm90", with_shared: bool = False):
+    """(SASS text, resource usage) of ``launch`` compiled for ``target_name`` into a scratch cache;
+    ``with_shared`` adds the launch's shared memory (Triton's metadata: every pipeline stage)."""
     from tritonwarm.jit.compile import triton_cache_dir
     from tritonwarm.jit.resources import resource_usage, sass
     from tritonwarm.jit.targets import resolve_target, target_driver
@@ -70,7 +81,8 @@ def compile_sass(jit_kernel, launch, target_name: str = "sm90") -> tuple[str, di
             jit_kernel.jit_function.device_caches.pop(fake.device, None)
         cubin = Path(cache) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
-        return sass(cubin), resource_usage(target, {"k.cubin": str(cubin)})
+        text, usage = sass(cubin), resource_usage(target, {"k.cubin": str(cubin)})
+        return (text, usage, compiled.metadata.shared) if with_shared else (text, usage)
 
 
 def fp4_cases(k: int, include_variants: bool):
@@ -155,6 +167,80 @@ def attention_rows(target_name: str) -> list[list]:
     return rows
 
 
+MOE_HEADER = ["weights", "tile", "loop instr", "instr/weight elem", "weight loads", "LDG.E.U8", "LOP3+shifts",
+              "PRMT", "HMUL2", "MMA", "regs", "spill B", "shared KB", "programs/SM"]
+MOE_TILES = ("16x64x128 w4 s4", "16x128x128 w4 s3", "32x128x64 w4 s3", "128x128x64 w8 s3")
+_EXPERTS, _HIDDEN, _INTER, _TOP_K = 64, 2048, 1408, 6
+
+
+def _moe_launch(fmt: str, config):
+    """(jit kernel, launch) of the gate/up GEMM at DeepSeek-V2-Lite's experts, 64 tokens."""
+    import importlib
+
+    import torch
+    from tritonwarm.jit import fake_tensor
+
+    FM = importlib.import_module("tritonwarm.launchers.fused_moe")
+    slots = 64 * _TOP_K
+    blocks = _EXPERTS + slots // config.block_m
+    common = (fake_tensor((slots, _INTER), torch.bfloat16), fake_tensor((slots,), torch.float32),
+              fake_tensor((blocks * config.block_m,), torch.int32), fake_tensor((blocks,), torch.int32),
+              fake_tensor((1,), torch.int32), _TOP_K, True, False, config)
+    a = fake_tensor((64, _HIDDEN), torch.bfloat16)
+    if fmt == "bf16":
+        return FM.fused_moe_gemm_jit, FM.fused_moe_gemm_launch(
+            a, fake_tensor((_EXPERTS, 2 * _INTER, _HIDDEN), torch.bfloat16), None, *common)
+    packed = fake_tensor((_EXPERTS, 2 * _INTER, _HIDDEN // 2), torch.uint8)
+    if fmt == "mxfp4":
+        return FM.fused_moe_gemm_jit, FM.fused_moe_gemm_launch(
+            a, packed, fake_tensor((_EXPERTS, 2 * _INTER, _HIDDEN // 32), torch.uint8), *common)
+    return FM.fused_moe_nvfp4_gemm_jit, FM.fused_moe_nvfp4_gemm_launch(
+        a, packed, fake_tensor((_EXPERTS, 2 * _INTER, _HIDDEN // 16), torch.uint8),
+        fake_tensor((_EXPERTS,), torch.float32), *common)
+
+
+def _tile(name: str):
+    import importlib
+
+    m, n, k = (int(x) for x in name.split()[0].split("x"))
+    warps, stages = int(name.split()[1][1:]), int(name.split()[2][1:])
+    return importlib.import_module("tritonwarm.launchers.fused_moe").TileConfig(m, n, k, 1, warps, stages)
+
+
+def moe_rows(target_name: str, tiles=MOE_TILES, formats=("bf16", "mxfp4", "nvfp4")) -> list[list]:
+    """One row per (weight format, tile): the gate/up GEMM's K loop, compiled for ``target_name``."""
+    from tritonwarm.jit.targets import resolve_target, target_driver
+
+    target = resolve_target(target_name)
+    limit = {"sm80": 166912, "sm90": 232448, "sm100": 232448, "sm120": 101376}.get(target_name)
+    rows = []
+    for fmt in formats:
+        for name in tiles:
+            config = _tile(name)
+            try:
+                with target_driver(target):  # the launcher reads the target (BF16_BITS)
+                    jit, launch = _moe_launch(fmt, config)
+                text, usage, shared = compile_sass(jit, launch, target_name, with_shared=True)
+            except Exception as e:  # noqa: BLE001 - one line, go on
+                rows.append([fmt, name, f"failed: {one_line(e, 80)}", *["-"] * (len(MOE_HEADER) - 3)])
+                continue
+            loop = token_loop(text)
+            usage = usage or {}
+            # both weight tiles (gate and up) per iteration, shared by every thread of the program
+            per_thread = 2 * config.block_n * config.block_k / (32 * config.num_warps)
+            loads = sorted({op for op in loop if op.startswith(("LDG", "LDGSTS")) and op != "LDGDEPBAR"})
+            programs = (limit // shared) if limit and shared else "-"
+            mmas = sorted({op for op in loop if "MMA" in op})
+            rows.append([fmt, name, len(loop), f"{len(loop) / per_thread:.2f}",
+                         " ".join(f"{sum(o == op for o in loop)}x {op}" for op in loads),
+                         sum(op == "LDG.E.U8" for op in loop),
+                         sum(op.startswith(("LOP3", "SHF", "IMAD.SHL")) for op in loop),
+                         sum(op.startswith("PRMT") for op in loop), sum(op.startswith("HMUL2") for op in loop),
+                         " ".join(f"{sum(o == op for o in loop)}x {op}" for op in mmas),
+                         usage.get("registers", "-"), usage.get("local", "-"), f"{shared / 1024:.0f}", programs])
+    return rows
+
+
 def rows_for(cases, target: str) -> list[list]:
     rows = []
     for name, jit, launch, elements in cases:
@@ -182,6 +268,7 @@ def main() -> None:
     p.add_argument("--variants", action="store_true", help="also every variant of bench/fp4_variants.py")
     p.add_argument("--attention", action="store_true",
                    help="the paged decode attention split kernels' token loop instead of fp4 quantize")
+    p.add_argument("--moe", action="store_true", help="the fused MoE GEMM's K loop per weight format and tile")
     args = p.parse_args()
     from tritonwarm.jit.targets import resolve_target
 
@@ -190,6 +277,11 @@ def main() -> None:
             raise ValueError("SASS needs an NVIDIA target")
     except ValueError as e:
         p.error(f"--target {args.target}: {e}")
+    if args.moe:
+        table(f"SASS of the fused MoE gate/up K loop ({args.target}, Triton {triton.__version__}, 64 experts, "
+              "2048/1408, offline)", MOE_HEADER, moe_rows(args.target),
+              f"python bench/sass_count.py --moe --target {args.target}")
+        return
     if args.attention:
         table(f"SASS of the paged decode attention token loop ({args.target}, Triton {triton.__version__}, "
               "declared settings, offline)", ATTENTION_HEADER, attention_rows(args.target),

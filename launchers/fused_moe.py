@@ -7,9 +7,10 @@ Tile configs are data: a table keyed by M, the tokens in the call, in the format
 nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
 specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
 
-A table measured on a target (``bench/fused_moe_tiles.py`` prints one) is saved as
-``fused_moe_configs/<target>.json`` (``sm90.json``); a call without an explicit table uses the one of
-the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
+A table measured on a target (``bench/fused_moe_tiles.py`` writes one per weight format) is saved as
+``fused_moe_configs/<target>.json`` (``sm90.json``, dense weights) or ``<target>_mxfp4.json`` /
+``<target>_nvfp4.json`` (FP4 weights, else the dense one); a call without an explicit table uses the
+one of the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
 target-only driver of the target it warms, so it selects from the same table the runtime will.
 ``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
 """
@@ -112,28 +113,48 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
 
 
-def target_table_path(target_name: str) -> Path:
-    """``fused_moe_configs/<target>.json`` where one was measured for that target, else ``default.json``."""
-    path = CONFIG_DIR / f"{target_name}.json"
-    return path if path.is_file() else DEFAULT_CONFIGS
+WEIGHT_FORMATS = ("bf16", "mxfp4", "nvfp4")  # bf16 names the dense table (any dense dtype)
 
 
-_active: tuple[object, TileTable] | None = None  # (the GPUTarget it was read for, its table)
+def target_table_path(target_name: str, weights: str = "bf16") -> Path:
+    """The table a target reads for a weight format: ``<target>_<weights>.json`` where one was
+    measured for an FP4 format, else ``<target>.json`` (dense, measured), else ``default.json``."""
+    for name in ([f"{target_name}_{weights}"] if weights != "bf16" else []) + [target_name]:
+        path = CONFIG_DIR / f"{name}.json"
+        if path.is_file():
+            return path
+    return DEFAULT_CONFIGS
 
 
-def active_tile_table() -> TileTable:
-    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``);
-    ``default.json`` where there is no driver (CPU only: Triton's interpreter). Kept for as long as
-    that driver's answer (the same object) lasts, so a step pays one identity check and a table
-    saved for a target is read by the next driver of that target."""
-    global _active
+_active: dict[str, tuple[object, TileTable]] = {}  # weights -> (the GPUTarget it was read for, its table)
+
+
+def active_tile_table(weights: str = "bf16") -> TileTable:
+    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``), for
+    the weight format (``target_table_path``); ``default.json`` where there is no driver (CPU only:
+    Triton's interpreter). Kept for as long as that driver's answer (the same object) lasts, so a
+    step pays one identity check and a table saved for a target is read by the next driver of that
+    target."""
     target = active_gpu_target()
     if target is None:
         return load_tile_table()
-    cached = _active
+    cached = _active.get(weights)
     if cached is None or cached[0] is not target:
-        cached = _active = (target, load_tile_table(target_table_path(target_from_gpu_target(target).name)))
+        path = target_table_path(target_from_gpu_target(target).name, weights)
+        cached = _active[weights] = (target, load_tile_table(path))
     return cached[1]
+
+
+def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
+    """The FP4 kernels' two layout choices. ``SWAP`` below 64-row blocks: the weight tile becomes the
+    MMA's first operand, so Hopper's 64-row warpgroup MMA runs for a 16-token block. ``BF16_BITS``
+    where the target is NVIDIA: the decoded halves are used as bf16 subnormals, which NVIDIA's bf16
+    arithmetic keeps; elsewhere (AMD, Triton's interpreter) the same values go through fp32."""
+    if packed.data_ptr() % 4 or any(stride % 4 for stride in packed.stride()[:2]) or packed.stride(2) != 1:
+        raise ValueError(f"packed FP4 weights {tuple(packed.shape)} must have contiguous rows starting on "
+                         f"4-byte boundaries (strides {tuple(packed.stride())}): they are read as int32 words")
+    target = active_gpu_target()
+    return dict(SWAP=config.block_m < 64, BF16_BITS=target is not None and target.backend == "cuda")
 
 
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
@@ -149,6 +170,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
     mxfp4 = b_scales is not None
     scales = b_scales if mxfp4 else b
     scale_strides = (b_scales.stride(0), b_scales.stride(1)) if mxfp4 else (0, 0)
+    fp4 = _fp4_constexprs(b, config) if mxfp4 else {}
     return Launch(
         grid=(num_m_blocks * cdiv(n, config.block_n),),
         args=(a, b, scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
@@ -156,7 +178,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
               c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, MXFP4_B=mxfp4,
                         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                        GROUP_M=config.group_m),
+                        GROUP_M=config.group_m, **fp4),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -178,7 +200,8 @@ def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights
               topk_weights.numel(), num_m_blocks, n, a.shape[1], a.stride(0), b.stride(0), b.stride(1),
               b_scales.stride(0), b_scales.stride(1), c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
-                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                        **_fp4_constexprs(b, config)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -257,7 +280,8 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
     if global_scales is not None and (hidden_size % 16 or intermediate % 16):
         raise ValueError(f"NVFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 16")
     top_k = topk_ids.shape[1]
-    config = (tile_table or active_tile_table()).select(num_tokens)
+    weights = "mxfp4" if mxfp4 else "nvfp4" if global_scales is not None else "bf16"
+    config = (tile_table or active_tile_table(weights)).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
     if hidden.stride(1) != 1:
