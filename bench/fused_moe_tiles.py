@@ -337,7 +337,7 @@ def run_gpu(args) -> dict:
                              f"{win['gbs']:.0f}", f"{win['of_copy']:.0%}", f"{win['tflops']:.0f}"])
     rows.sort(key=lambda row: (row[0], formats.index(row[1])))
     from triton.runtime import driver
-    from tritonwarm.jit.targets import target_from_gpu_target
+    from tritonwarm.jit.core.targets import target_from_gpu_target
     from tritonwarm.launchers.fused_moe import target_table_path
 
     target = target_from_gpu_target(driver.active.get_current_target()).name

@@ -75,8 +75,8 @@ def cmd_warmup(args) -> int:
     from ..jit.cache.env import cache_manager_problem
     from ..jit.cache.marks import warmup_mark
     from ..jit.cache.overlay import refuse_if_overlaid
-    from ..jit.pool import worker_pool
-    from ..jit.warmup import warm
+    from ..jit.pipeline.pool import worker_pool
+    from ..jit.pipeline.warmup import warm
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
@@ -153,7 +153,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
 @keyed_for
 def cmd_check(args) -> int:
     from ..jit.cache import check_cache_dir
-    from ..jit.check import check
+    from ..jit.pipeline.check import check
 
     if args.serve_at and (args.trace or args.remote):
         raise UsageError("--serve-at checks the cache folder as a server mounting it elsewhere reads it: "

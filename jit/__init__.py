@@ -1,8 +1,8 @@
 """The tritonwarm contract: kernels with a launch spec, specialization classes, tracing, targets,
 the warm-up cache."""
 
-from .kernel import JitKernel, Launch, fake_launches, in_fake_mode
-from .specialization import (
+from .core.kernel import JitKernel, Launch, fake_launches, in_fake_mode
+from .core.specialization import (
     POINTER_CLASSES,
     SCALAR_CLASSES,
     class_reps,
@@ -11,8 +11,8 @@ from .specialization import (
     scalar_class,
     scalar_rep,
 )
-from .targets import TARGETS, Target, resolve_target, resolve_targets, target_driver
-from .trace import Variant, capture, trace_call
+from .core.targets import TARGETS, Target, resolve_target, resolve_targets, target_driver
+from .core.trace import Variant, capture, trace_call
 
 __all__ = [
     "JitKernel", "Launch", "fake_launches", "in_fake_mode",

@@ -14,12 +14,12 @@ import torch
 from tritonwarm.engine.plan import check_trace
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_path
-from tritonwarm.jit.check import check
-from tritonwarm.jit.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers.rms_norm import rms_norm
 
 FP16_ONLY = """
@@ -230,7 +230,7 @@ def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(c
 DRY_RUN = """
 import torch
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from edited_launchers import add_const_launcher
 
 try:

@@ -281,7 +281,7 @@ def _materialize(value):
     """A meta tensor → a real one on the GPU with the same shape, stride, dtype and alignment."""
     import torch
 
-    from .server_tensors import backing_device, plain
+    from ..core.server_tensors import backing_device, plain
 
     if not (isinstance(value, torch.Tensor) and backing_device(value).type == "meta"):
         return value

@@ -44,7 +44,7 @@ def locator(jit_function: JITFunction) -> str:
 
 def kernel_for(jit_function: JITFunction):
     """The ``JitKernel`` built on ``jit_function`` if there is one, else a ``ForeignKernel``."""
-    from ..kernel import JitKernel
+    from ..core.kernel import JitKernel
 
     for kernel in JitKernel.registry():
         if kernel.jit_function is jit_function:

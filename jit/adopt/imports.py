@@ -21,7 +21,7 @@ import importlib
 import sys
 import threading
 
-from ..targets import Target, target_device_answers, target_driver
+from ..core.targets import Target, target_device_answers, target_driver
 
 # Never dropped: what tritonwarm itself runs on.
 _KEPT = {"tritonwarm", "triton", "torch", "numpy", "yaml", "_pytest", "pytest"}  # only their own modules
@@ -34,7 +34,7 @@ _lock = threading.RLock()
 def target_answers(target: Target, backing: str = "meta"):
     """What a module sees of the machine inside the block: ``target``'s driver and device answers,
     and tensors allocated on ``cuda`` as ``ServerTensor`` s on ``backing`` (``meta`` while warming)."""
-    from .server_tensors import server_tensors
+    from ..core.server_tensors import server_tensors
 
     with target_driver(target) as driver, target_device_answers(target), server_tensors(backing):
         yield driver
@@ -44,7 +44,7 @@ def current_target() -> Target | None:
     """The target whose target-only driver is active (warm-up, check), or None (a real GPU, none)."""
     from triton.runtime.driver import driver
 
-    from ..targets import TargetOnlyDriver
+    from ..core.targets import TargetOnlyDriver
 
     active = driver.__dict__.get("_active")
     return active.target if isinstance(active, TargetOnlyDriver) else None

@@ -119,7 +119,7 @@ class JitKernel:
         and scalar values (no data, no data pointer beyond alignment, no global state), and passes
         input tensors to the kernel as they are; its launch is then bound once per input key
         (``dispatch.LaunchMemo``) and later calls skip the spec."""
-        from .adopt.autotune import base_jit_function, is_stack
+        from ..adopt.autotune import base_jit_function, is_stack
 
         # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
         # the JITFunction at its bottom is what compiles.
@@ -221,7 +221,7 @@ class JitKernel:
         if _wants_interpreter(launch.args):
             kwargs = launch.kwargs()
             if self.stack is not None:
-                from .adopt.autotune import resolve_for_interpreter
+                from ..adopt.autotune import resolve_for_interpreter
 
                 kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
                 kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
@@ -238,7 +238,7 @@ class JitKernel:
     def fake_run(self, launch: Launch):
         """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
         if self.stack is not None:  # heuristics evaluated, every pruned config traced: see autotune.py
-            from .adopt.autotune import autotune_mode, current_state
+            from ..adopt.autotune import autotune_mode, current_state
 
             with autotune_mode(current_state()):
                 return self.stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())

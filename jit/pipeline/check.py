@@ -14,8 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .c_launchers import missing_c_launchers
-from .cache import (
+from ..cache import (
     Manifest,
     ManifestDamaged,
     UnreadableEntry,
@@ -24,7 +23,7 @@ from .cache import (
     files_match_record,
     serve_at_of,
 )
-from .cache.env import (
+from ..cache.env import (
     cache_bypassed,
     cache_manager_problem,
     current_fingerprint,
@@ -33,13 +32,13 @@ from .cache.env import (
     keyed_for_another,
     same_environment,
 )
-from .cache.layout import foreign_group_folder
-from .cache.manifest import entry_fingerprint, manifests
-from .cache.marks import interrupted_line
-from .cache.records import metadata_problem
-from .cache.remote import held_by_fleet
-from .compile import groups_read_as_served
-from .miss import (
+from ..cache.layout import foreign_group_folder
+from ..cache.manifest import entry_fingerprint, manifests
+from ..cache.marks import interrupted_line
+from ..cache.records import metadata_problem
+from ..cache.remote import held_by_fleet
+from ..serving.c_launchers import missing_c_launchers
+from ..serving.miss import (
     COPIED,
     FILES_GONE,
     GLOBALS_ADVICE,
@@ -49,6 +48,7 @@ from .miss import (
     OTHER_TARGET,
     WarmedNeighbours,
 )
+from .compile import groups_read_as_served
 from .plan import Plan
 
 

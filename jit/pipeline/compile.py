@@ -10,9 +10,9 @@ from pathlib import Path
 
 from triton import knobs
 
-from .kernel import JitKernel
-from .targets import Target, target_driver
-from .trace import Variant
+from ..core.kernel import JitKernel
+from ..core.targets import Target, target_driver
+from ..core.trace import Variant
 
 _open_blocks: list[tuple[object, str]] = []  # (block, folder) of each open ``triton_cache_dir``, oldest first
 _before: dict[str, str | None] = {}  # the knob's own value and TRITON_CACHE_DIR before the first block
@@ -60,7 +60,7 @@ def groups_read_as_served(cache_dir, serve_at):
         return
     from triton.runtime.cache import FileCacheManager
 
-    from .cache.layout import entry_files
+    from ..cache.layout import entry_files
 
     folder = Path(cache_dir).absolute()
 
@@ -106,7 +106,7 @@ def triton_reads_instead(cache_dir) -> Path | None:
 
 def find_kernel(variant: Variant, target: Target | None = None) -> JitKernel:
     if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
-        from .adopt.foreign import find_jit_function, kernel_for
+        from ..adopt.foreign import find_jit_function, kernel_for
 
         # imported under the target's answers: module-level constexprs take its serving values
         return kernel_for(find_jit_function(variant.jit_function, target))

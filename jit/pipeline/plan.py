@@ -15,12 +15,12 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import describe_error
-from .cache import PlanStore
-from .kernel import JitKernel
+from ...errors import describe_error
+from ..cache import PlanStore
+from ..core.kernel import JitKernel
+from ..core.targets import Target
+from ..core.trace import Capture, Variant, tracing
 from .specs import Spec
-from .targets import Target
-from .trace import Capture, Variant, tracing
 
 
 @dataclass
@@ -116,8 +116,8 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
 
 
 def _plan_spec_in_worker(file: str, index: int, target_name: str, verify_collapse: bool) -> dict:
+    from ..core.targets import TARGETS
     from .specs import load_spec_file
-    from .targets import TARGETS
 
     spec = load_spec_file(file)[index]
     return _plan_spec(spec, TARGETS[target_name], verify_collapse).to_json()
@@ -161,7 +161,7 @@ def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
 
 def _source_key(kernel_name: str, target: Target | None = None) -> str | None:
     if ":" in kernel_name:
-        from .adopt.foreign import find_jit_function
+        from ..adopt.foreign import find_jit_function
 
         try:  # as the target's process defines it (module-level constexprs are in the key)
             return find_jit_function(kernel_name, target).cache_key
@@ -270,7 +270,7 @@ def environment_reads():
 
 
 def _call(spec: Spec, values: dict):
-    from .adopt.autotune import current_state, pin_error
+    from ..adopt.autotune import current_state, pin_error
 
     args, kwargs = spec.call_arguments(values)
     state = current_state()

@@ -21,7 +21,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from .adopt.foreign import ForeignKernel, kernel_for
+from ..adopt.foreign import ForeignKernel, kernel_for
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
 
@@ -52,7 +52,7 @@ class Variant:
     @property
     def entry_dir(self) -> str:
         """The entry folder's name in the cache directory (the manifest's ``entry_dir``)."""
-        from .cache.layout import entry_dir_name
+        from ..cache.layout import entry_dir_name
 
         return entry_dir_name(self.cache_hash)
 
@@ -172,8 +172,8 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
     packages' kernels), through Triton's own hook, with device questions answered for the target.
     ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too."""
-    from .adopt.autotune import AutotuneState, autotune_mode
-    from .adopt.server_tensors import server_tensors
+    from ..adopt.autotune import AutotuneState, autotune_mode
+    from .server_tensors import server_tensors
 
     state = autotune if autotune is not None else AutotuneState()
     with contextlib.ExitStack() as stack:
@@ -273,7 +273,7 @@ def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, 
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache as triton_cache
 
-    from .cache.serving import ptxas_texts_in_force
+    from ..cache.serving import ptxas_texts_in_force
 
     memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
             triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, ptxas_texts_in_force())

@@ -19,9 +19,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import describe_error
-from .c_launchers import warm_c_launchers
-from .cache import (
+from ...errors import describe_error
+from ..cache import (
     CacheError,
     Manifest,
     ManifestDamaged,
@@ -37,16 +36,17 @@ from .cache import (
     triton_version,
     variant_lock,
 )
-from .cache.env import current_fingerprint, fingerprint_id
-from .cache.layout import UnreadableEntry
-from .cache.overlay import refuse_if_overlaid
-from .cache.sources import PlanSources
+from ..cache.env import current_fingerprint, fingerprint_id
+from ..cache.layout import UnreadableEntry
+from ..cache.overlay import refuse_if_overlaid
+from ..cache.sources import PlanSources
+from ..core.targets import Target
+from ..core.trace import Variant
+from ..serving.c_launchers import warm_c_launchers
 from .compile import compile_variant
 from .plan import Plan
 from .pool import prime_key_material
 from .resources import resource_usage
-from .targets import Target
-from .trace import Variant
 
 
 @dataclass
@@ -179,7 +179,7 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
 
 def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
                         binary_only: bool):
-    from .targets import TARGETS
+    from ..core.targets import TARGETS
 
     return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded, binary_only)
 
