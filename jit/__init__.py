@@ -1,6 +1,7 @@
 """The tritonwarm contract: kernels with a launch spec, specialization classes, tracing, targets,
 the warm-up cache."""
 
+from . import adopt  # noqa: F401 (plugs the adoption machinery into the core's hooks)
 from .core.kernel import JitKernel, Launch, fake_launches, in_fake_mode
 from .core.specialization import (
     POINTER_CLASSES,

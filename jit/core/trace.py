@@ -21,7 +21,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from ..adopt.foreign import ForeignKernel, kernel_for
+from .hooks import KernelLike, adoption
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
 
@@ -100,6 +100,7 @@ class Capture(FakeLaunchSink):
 
     def any_kernel_hook(self, target: Target):
         """Triton's ``jit_cache_hook`` for ``capture: all``: record every compile request, compile nothing."""
+        kernel_for = adoption().kernel_for
 
         def hook(*, key, fn, compile, **_):
             jit_function = fn.jit_function
@@ -140,7 +141,7 @@ class Capture(FakeLaunchSink):
         for request in seen:
             self._record(kernel, target, request)
 
-    def _record(self, kernel: JitKernel | ForeignKernel, target: Target, request: dict) -> None:
+    def _record(self, kernel: KernelLike, target: Target, request: dict) -> None:
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
         if variant is None:
@@ -171,14 +172,14 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
     """Fake launches into ``cap`` for ``target``: JitKernels always; with ``all_kernels`` every
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
     packages' kernels), through Triton's own hook, with device questions answered for the target.
-    ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too."""
-    from ..adopt.autotune import AutotuneState, autotune_mode
+    ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too.
+    Autotuners reached inside follow ``autotune`` (a fresh state when None), which the block yields."""
     from .server_tensors import server_tensors
 
-    state = autotune if autotune is not None else AutotuneState()
+    autotuners = adoption().autotuners
     with contextlib.ExitStack() as stack:
         fake_driver = stack.enter_context(fake_launches(cap, target))
-        stack.enter_context(autotune_mode(state))
+        state = stack.enter_context(autotuners(autotune))
         if all_kernels:
             stack.enter_context(target_device_answers(target))
             stack.enter_context(server_tensors("meta", meta_as_cuda))  # cuda allocations: as on the server
@@ -218,7 +219,7 @@ def constexpr_globals(jit_function: JITFunction) -> dict[str, str]:
     return {name: " | ".join(sorted(reprs)) for name, reprs in sorted(values.items())}
 
 
-def readable_args(kernel: JitKernel | ForeignKernel, request: dict) -> dict[str, str]:
+def readable_args(kernel: KernelLike, request: dict) -> dict[str, str]:
     """Each parameter's class as Triton specialized it, from Triton's own signature and attributes."""
     signature: dict[str, Any] = request["signature"]
     constants = {_path(k): v for k, v in request["constants"].items()}

@@ -23,12 +23,12 @@ from pathlib import Path
 
 from triton import knobs
 
-from ..adopt.foreign import kernel_for
 from ..cache import UnreadableEntry, entry_files
 from ..cache.env import cache_bypassed
 from ..cache.overlay import misses_fail_here, overlay_in_force
 from ..cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from ..core.dispatch_record import write_record
+from ..core.hooks import adoption
 from ..core.kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from ..core.targets import Target, target_from_gpu_target
 from ..core.trace import Capture, Variant, _hook_lock
@@ -210,6 +210,7 @@ class DispatchMonitor:
 
         monitor = self
         started: dict[str, float] = {}
+        kernel_for = adoption().kernel_for
 
         def on_compile_request(*, key, fn, compile, **_):
             kernel = kernel_for(fn.jit_function)  # a JitKernel, or any other package's Triton kernel
