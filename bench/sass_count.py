@@ -56,8 +56,8 @@ def count_sass(sass: str) -> dict:
 
 def compile_sass(jit_kernel, launch, target_name: str = "sm90") -> tuple[str, dict | None]:
     """(SASS text, resource usage) of ``launch`` compiled for ``target_name`` into a scratch cache."""
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
     from tritonwarm.jit.core.targets import resolve_target, target_driver
-    from tritonwarm.jit.pipeline.compile import triton_cache_dir
     from tritonwarm.jit.pipeline.resources import resource_usage, sass
 
     target = resolve_target(target_name)

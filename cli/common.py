@@ -156,7 +156,7 @@ def note_where_triton_reads(cache_dir) -> None:
     overlay). Nothing when keyed for another environment (``--for``): this machine is not the server."""
     from ..jit.cache.env import keyed_for_another
     from ..jit.cache.overlay import misses_fail_here
-    from ..jit.pipeline.compile import triton_reads_instead
+    from ..jit.cache.triton_dir import triton_reads_instead
 
     if keyed_for_another():
         return

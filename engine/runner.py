@@ -72,8 +72,8 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     at the first launch that needs it.
     """
     from ..jit.cache import refuse_if_served_elsewhere, resolve_cache_dir
+    from ..jit.cache.triton_dir import triton_cache_dir
     from ..jit.core.targets import local_target, resolve_target
-    from ..jit.pipeline.compile import triton_cache_dir
 
     cache_dir = resolve_cache_dir(cache_dir)
     dry_run = dry_run_target is not None

@@ -113,8 +113,8 @@ def rms_norm_runtime():
     import torch
     from triton import knobs
     from tritonwarm.jit import fake_tensor
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
     from tritonwarm.jit.core.targets import target_driver
-    from tritonwarm.jit.pipeline.compile import triton_cache_dir
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     def run(target, cache_dir, rows, fused, dtype=torch.bfloat16):

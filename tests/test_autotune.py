@@ -9,9 +9,9 @@ import triton.language as tl
 from tritonwarm.examples import inhouse_autotuned as ex
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 from tritonwarm.jit.core.targets import NoBenchmarkError, target_driver
 from tritonwarm.jit.core.trace import trace_call
-from tritonwarm.jit.pipeline.compile import triton_cache_dir
 from tritonwarm.jit.pipeline.plan import plan
 from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.jit.pipeline.warmup import warm

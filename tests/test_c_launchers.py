@@ -15,11 +15,11 @@ import torch
 from triton import knobs
 from tritonwarm.engine.metrics import EngineMetrics
 from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 from tritonwarm.jit.core.kernel import FakeLaunchSink, fake_launches
 from tritonwarm.jit.core.specialization import cpu_twin
 from tritonwarm.jit.core.trace import trace_call
 from tritonwarm.jit.pipeline.check import check
-from tritonwarm.jit.pipeline.compile import triton_cache_dir
 from tritonwarm.jit.pipeline.plan import Plan
 from tritonwarm.jit.pipeline.warmup import warm
 from tritonwarm.jit.serving import c_launchers

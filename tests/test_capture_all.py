@@ -10,9 +10,9 @@ from triton.runtime.jit import JITFunction
 from tritonwarm.examples import thirdparty_ops as ops
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.adopt.winners import probe_winners
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 from tritonwarm.jit.core.targets import target_device_answers, target_driver
 from tritonwarm.jit.core.trace import trace_call
-from tritonwarm.jit.pipeline.compile import triton_cache_dir
 from tritonwarm.jit.pipeline.plan import plan
 from tritonwarm.jit.pipeline.specs import SpecError, load_specs
 from tritonwarm.jit.pipeline.warmup import warm

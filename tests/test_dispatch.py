@@ -6,9 +6,9 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 from tritonwarm.jit.core.kernel import FakeLaunchSink, Launch, fake_launches
 from tritonwarm.jit.core.targets import target_driver
-from tritonwarm.jit.pipeline.compile import triton_cache_dir
 from tritonwarm.jit.pipeline.specs import load_specs
 
 SPECS = pathlib.Path(__file__).parent.parent / "warmup_specs"

@@ -130,7 +130,7 @@ def test_preload_reads_a_dtype_named_string_back_as_a_dtype(tmp_path):
     under the same cache hash, which the runtime would load."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
-    from tritonwarm.jit.pipeline.compile import triton_cache_dir
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 
     request = _compile_request("bf16")
     target = TARGETS["sm90"]

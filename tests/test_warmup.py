@@ -199,7 +199,7 @@ def test_overlapping_cache_dir_blocks_leave_tritons_setting_as_it_was(tmp_path, 
     ``TRITON_CACHE_DIR``, still followed), not a folder one block left behind."""
     import threading
 
-    from tritonwarm.jit.pipeline.compile import triton_cache_dir
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 
     cache, entered, first_closed = tmp_path / "cache", threading.Barrier(2), threading.Event()
 

@@ -69,8 +69,8 @@ def playing_server(target, cache_dir):
     """``with playing_server(target, cache_dir) as served:`` import, call, then read ``served.misses``."""
     from triton.runtime.cache import get_cache_manager
 
+    from ..cache.triton_dir import triton_cache_dir
     from ..core.trace import _hook_lock, disk_cache_hash
-    from ..pipeline.compile import triton_cache_dir
     from .foreign import kernel_for
     from .imports import target_answers
 

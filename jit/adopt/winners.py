@@ -26,8 +26,8 @@ class WinnerReport:
 
 def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
     """Run every row's launcher on fake inputs in autotune ``mode``; yield nothing, fill ``report``."""
+    from ..cache.triton_dir import triton_cache_dir
     from ..core.trace import Capture, tracing
-    from ..pipeline.compile import triton_cache_dir
 
     for spec in specs:
         if not spec.applies_to(target):

@@ -37,6 +37,7 @@ from ..cache.manifest import entry_fingerprint, manifests
 from ..cache.marks import interrupted_line
 from ..cache.records import metadata_problem
 from ..cache.remote import held_by_fleet
+from ..cache.triton_dir import groups_read_as_served
 from ..serving.c_launchers import missing_c_launchers
 from ..serving.miss import (
     COPIED,
@@ -48,7 +49,6 @@ from ..serving.miss import (
     OTHER_TARGET,
     WarmedNeighbours,
 )
-from .compile import groups_read_as_served
 from .plan import Plan
 
 

@@ -429,7 +429,7 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
                      serving: dict | None = None) -> CLauncherReport | None:
     """Build the C launchers (and driver utilities) the runtime will build for ``variants``, into the
     cache; None where this Triton builds none for the target's backend."""
-    from ..pipeline.compile import triton_cache_dir
+    from ..cache.triton_dir import triton_cache_dir
 
     backend = target.backend
     machine = machine_utilities_call(backend) if variants else None
@@ -493,7 +493,7 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
 def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[str]]:
     """How many C modules the runtime needs for ``variants`` (entries in the cache), and which of them
     the cache lacks, as Triton's own lookup finds them (nothing is built or loaded)."""
-    from ..pipeline.compile import triton_cache_dir
+    from ..cache.triton_dir import triton_cache_dir
 
     backend = target.backend
     machine = machine_utilities_call(backend) if variants else None

@@ -27,12 +27,12 @@ from ..cache import UnreadableEntry, entry_files
 from ..cache.env import cache_bypassed
 from ..cache.overlay import misses_fail_here, overlay_in_force
 from ..cache.remote import fetch_from_fleet, serving_reads_the_fleet
+from ..cache.triton_dir import triton_reads_instead
 from ..core.dispatch_record import write_record
 from ..core.hooks import adoption
 from ..core.kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
 from ..core.targets import Target, target_from_gpu_target
 from ..core.trace import Capture, Variant, _hook_lock
-from ..pipeline.compile import triton_reads_instead
 from .miss import WarmedNeighbours
 
 log = logging.getLogger("tritonwarm")
