@@ -60,3 +60,23 @@ def test_the_core_refuses_to_trace_without_the_adoption_hooks(without_adoption, 
         JitKernel(scale_rows_kernel, scale_rows_launch, name="scale_rows_without_hooks")
     with pytest.raises(hooks.AdoptionMissing), DispatchMonitor(tmp_path).serving():
         pass
+
+
+def test_a_memoized_key_follows_the_serving_ptxas_that_cache_serving_sets(monkeypatch):
+    """The core memoizes disk-cache hashes; the serving environment (``cache/serving.py``, above it) swaps
+    the ptxas ``--version`` text CUDA keys hash: inside that block the memo gives what Triton computes
+    afresh, and after it this machine's keys again."""
+    from tritonwarm.jit.cache.serving import _ptxas_version_of
+    from tritonwarm.jit.core import trace
+
+    def hashes():
+        x, w = fake_tensor((4, 2048), torch.bfloat16), fake_tensor((2048,), torch.bfloat16)
+        return {v.cache_hash for v in trace_call(TARGETS["sm90"], rms_norm, x, w)}
+
+    here = hashes()
+    with _ptxas_version_of({90: "ptxas: NVIDIA (R) Ptx optimizing assembler\nBuilt on another machine\nV0.0.1"}):
+        served = hashes()
+        monkeypatch.setattr(trace, "_HASHES", {})  # nothing memoized: Triton's own hash, computed again
+        assert hashes() == served
+    assert here and served.isdisjoint(here)
+    assert hashes() == here

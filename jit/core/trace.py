@@ -9,11 +9,12 @@ variant is byte for byte the one the runtime asks for.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -52,8 +53,6 @@ class Variant:
     @property
     def entry_dir(self) -> str:
         """The entry folder's name in the cache directory (the manifest's ``entry_dir``)."""
-        from ..cache.layout import entry_dir_name
-
         return entry_dir_name(self.cache_hash)
 
     @classmethod
@@ -246,6 +245,10 @@ def _path(key):
 
 
 _HASHES: dict[tuple, str] = {}
+# What else a disk-cache hash depends on that a process can change while it runs (the serving
+# environment's ptxas, ``cache/serving.py``): each a function of no argument, added by the module that
+# changes it when it is imported, so a memoized hash is never one of another setting.
+hash_inputs: list[Callable[[], Hashable]] = []
 
 
 def _refuse_dtype_named_strings(kernel, request: dict) -> None:
@@ -274,10 +277,8 @@ def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, 
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache as triton_cache
 
-    from ..cache.serving import ptxas_texts_in_force
-
     memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
-            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, ptxas_texts_in_force())
+            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, tuple(f() for f in hash_inputs))
     if memo not in _HASHES:
         _HASHES[memo] = disk_cache_hash(kernel, target, request)
     return _HASHES[memo]
@@ -306,6 +307,11 @@ def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
     if knobs.runtime.add_stages_inspection_hook is not None and _compile_keys_custom_pipelines():
         key += knobs.runtime.add_stages_inspection_hook()[0]  # a custom pass pipeline, as compile() adds it
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def entry_dir_name(cache_hash: str) -> str:
+    """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
+    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
 def _compile_keys_custom_pipelines() -> bool:
