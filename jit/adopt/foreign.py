@@ -7,6 +7,7 @@ later (in another process, for another target) needs the ``JITFunction`` back. I
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from triton.runtime.jit import JITFunction
@@ -54,11 +55,11 @@ def kernel_for(jit_function: JITFunction):
     return ForeignKernel(jit_function)
 
 
-def forget_module(module_name: str) -> None:
-    """Forget the kernels of a module that is being imported afresh (``imports.import_for_target``)."""
-    with _seen_lock:
-        for where in [w for w in _seen if w.partition(":")[0] == module_name]:
-            del _seen[where]
+def _still_defined(jit_function: JITFunction) -> bool:
+    """Whether a kernel seen before is its module's today: not one of a module since dropped from
+    ``sys.modules`` or imported afresh (``imports.py``)."""
+    module = sys.modules.get(jit_function.fn.__module__)
+    return module is not None and vars(module) is jit_function.fn.__globals__
 
 
 def find_jit_function(where: str, target=None) -> JITFunction:
@@ -73,7 +74,7 @@ def find_jit_function(where: str, target=None) -> JITFunction:
     module_name, _, qualname = where.rpartition(":")  # a script's path may hold a colon
     with _seen_lock:
         known = _seen.get(where)
-    if known is not None and target is None:
+    if known is not None and target is None and _still_defined(known):
         return known
     if is_script_locator(module_name):  # defined in a program's main script (``record``)
         try:

@@ -91,12 +91,9 @@ def import_afresh(module_name: str):
 
 
 def _forget(library: str) -> None:
-    """Drop ``library``'s modules (and what tritonwarm remembered of their kernels) so the next
-    import runs them again."""
-    from .foreign import forget_module
-
+    """Drop ``library``'s modules so the next import runs them again (``foreign.find_jit_function`` no
+    longer answers with their kernels)."""
     prefix = library + "."
     for name in [n for n in sys.modules if n == library or n.startswith(prefix)]:
         del sys.modules[name]
-        forget_module(name)
     _imported_for.pop(library, None)
