@@ -1,8 +1,12 @@
-"""The adoption machinery plugs into the core's hooks from above, in every process that can trace."""
+"""``jit/`` in layers: each imports only what lies below it (core, cache, serving, adopt, pipeline, from
+the ground up); what a layer above must change in one below, it plugs into that one's hooks, in every
+process that can trace."""
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +15,73 @@ from tritonwarm.jit import TARGETS, JitKernel, fake_tensor, trace_call
 from tritonwarm.jit.core import hooks
 from tritonwarm.jit.serving.monitor import DispatchMonitor
 from tritonwarm.launchers import rms_norm
+
+JIT = Path(__file__).resolve().parents[1] / "jit"
+LAYERS = ["core", "cache", "serving", "adopt", "pipeline"]  # from the ground up
+
+
+def _module(path: Path) -> str:
+    parts = ["tritonwarm", *path.relative_to(JIT.parent).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _file(module: str) -> Path | None:
+    """The file of a module of ``jit/`` (a package's ``__init__.py``), or None."""
+    if not module.startswith("tritonwarm.jit"):
+        return None
+    path = JIT.parent.joinpath(*module.split(".")[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py") if path.with_suffix(".py").exists() \
+        else None
+
+
+def _imports(path: Path):
+    """``(line, file)`` of every file of ``jit/`` that ``path`` imports, inside functions too."""
+    package = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            names = [f"{base}.{alias.name}" if _file(f"{base}.{alias.name}") else base for alias in node.names]
+        else:
+            continue
+        yield from ((node.lineno, found) for found in {_file(name) for name in names} if found and found != path)
+
+
+def _layer(path: Path) -> str | None:
+    parts = path.relative_to(JIT).parts
+    return parts[0] if len(parts) > 1 and parts[0] in LAYERS else None
+
+
+def test_no_module_of_jit_imports_a_layer_above_its_own():
+    upward = []
+    for path in sorted(JIT.rglob("*.py")):
+        if _layer(path) is None:  # jit/__init__.py: the package's face, which installs the hooks
+            continue
+        for line, imported in _imports(path):
+            if _layer(imported) and LAYERS.index(_layer(imported)) > LAYERS.index(_layer(path)):
+                upward.append(f"{path.relative_to(JIT.parent)}:{line} imports {imported.relative_to(JIT.parent)}")
+    assert upward == []
+
+
+def test_no_files_of_jit_import_each_other_in_a_circle():
+    graph = {path: {imported for _, imported in _imports(path)} for path in JIT.rglob("*.py")}
+    circles, done = [], set()
+
+    def visit(path, trail):
+        if path in trail:
+            circles.append(" -> ".join(str(p.relative_to(JIT.parent)) for p in trail[trail.index(path):] + [path]))
+            return
+        if path in done:
+            return
+        for imported in graph.get(path, ()):
+            visit(imported, trail + [path])
+        done.add(path)
+
+    for path in graph:
+        visit(path, [])
+    assert circles == []
 
 
 def test_a_process_that_imports_only_the_core_has_the_adoption_hooks(tmp_path):
