@@ -4,11 +4,12 @@ Whoever imported it (the spec's launcher module, another spec row, a module of a
 import root), a later lookup of its kernels for the same target reuses it and never runs it again:
 vLLM registers an opaque type and custom ops at import and refuses a second import in one process
 (``host_code_libs/registers_at_import`` does the same). Such a library warms every row, with one
-process or a pool.
+process or a pool, and reading a stored plan imports nothing.
 """
 
 import json
 import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -109,3 +110,22 @@ def test_a_recorded_program_whose_import_root_imports_the_library_warms_every_la
         "args": {"kernel": "$kernel", "call": "$call"}}))
     warmed = _warm_and_check(capsys, [str(plan)], tmp_path / "cache", jobs)
     assert warmed["planned"] == 4
+
+
+def test_reading_a_stored_plan_imports_nothing(tmp_path, registering_library, capsys):
+    """A second warm-up reads the plans the first stored: data, no module of the library imported."""
+    files = _specs(tmp_path, registering_library)
+    _warm_and_check(capsys, files, tmp_path / "cache", "1")
+    program = f"""
+import sys
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+
+the_plan = plan(load_specs({files!r}), TARGETS["sm90"], cache_dir={str(tmp_path / "cache")!r})
+print(len(the_plan.variants), sorted(m for m in sys.modules if {registering_library!r} in m))
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "libs")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "4 []"

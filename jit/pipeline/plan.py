@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ...errors import describe_error
 from ..cache import PlanStore
+from ..cache.plans import package_fingerprint
 from ..core.kernel import JitKernel
 from ..core.targets import Target
 from ..core.trace import Capture, Variant, tracing
@@ -136,7 +137,7 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     if stored is None:
         return None
     data, kernels = stored
-    if any(_source_key(name, target) != source_key for name, source_key in kernels.items()):
+    if any(_source_key(name) != source_key for name, source_key in kernels.items()):
         return None  # a kernel (or a @triton.jit function it calls) was edited
     read = data.get("environment_read") if isinstance(data, dict) else None
     if not isinstance(read, dict) or any(not isinstance(name, str) or os.environ.get(name) != value
@@ -150,23 +151,20 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
 
 def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
     """Triton's source key of each kernel the plan traced: it changes with the kernel's source, its
-    first line, and the ``@triton.jit`` functions and constexpr globals it uses."""
+    first line, and the ``@triton.jit`` functions and constexpr globals it uses. For a kernel of code
+    tritonwarm did not write, the fingerprint of its package's files: a stored plan is data, and
+    reading one imports nothing (importing belongs to tracing and compiling, once per target)."""
     keys = {}
     for variant in the_plan.variants.values():
         name = variant.jit_function or variant.kernel  # "module:qualname" for a kernel of capture: all
         if name not in keys:
-            keys[name] = _source_key(name, the_plan.target)
+            keys[name] = _source_key(name)
     return keys
 
 
-def _source_key(kernel_name: str, target: Target | None = None) -> str | None:
+def _source_key(kernel_name: str) -> str | None:
     if ":" in kernel_name:
-        from ..adopt.foreign import find_jit_function
-
-        try:  # as the target's process defines it (module-level constexprs are in the key)
-            return find_jit_function(kernel_name, target).cache_key
-        except LookupError:
-            return None
+        return "files:" + package_fingerprint(kernel_name.rpartition(":")[0])
     kernel = JitKernel.lookup(kernel_name)
     return kernel.jit_function.cache_key if kernel is not None else None
 
