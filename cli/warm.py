@@ -271,6 +271,7 @@ MISSING_ADVICE = {
     "not warmed": "warm up with these specs (`tritonwarm warmup`)",
     "kernel not warmed": "no variant of the kernel is warmed for this environment: warm a spec that launches it",
     "other class": "a class of their arguments was not warmed: warm a spec row that launches it",
+    "compile failed": "the warm-up could not compile them: the why line above says why",
     **dict.fromkeys(("copied", "files gone", "other options", "other code", "other module constants"),
                     "the why line above says why"),
 }
