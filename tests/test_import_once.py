@@ -129,3 +129,23 @@ print(len(the_plan.variants), sorted(m for m in sys.modules if {registering_libr
                           env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "libs")})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "4 []"
+
+
+def test_a_second_target_in_one_process_says_why_the_library_cannot_be_imported_again(tmp_path, registering_library,
+                                                                                      capsys):
+    """Each target needs the library imported under its own answers; one that refuses a second import
+    cannot have that twice in a process. The first target warms every row; each row of the second
+    names the module, the target, the library's line and what to do."""
+    files = _specs(tmp_path, registering_library)
+    rc = main(["warmup", *files, "--target", "sm90,gfx942", "--cache-dir", str(tmp_path / "cache"), "--jobs", "1",
+               "--json"])
+    warmed = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    sm90, gfx942 = warmed["targets"]
+    assert sm90["compiled"] == sm90["planned"] == 4 and sm90["failed"] == 0 and gfx942["planned"] == 0
+    assert len(warmed["problems"]) == 4  # one per row of the two specs
+    for problem in warmed["problems"]:
+        assert f"importing glue_{registering_library} under gfx942's answers failed at " in problem \
+            or f"importing {registering_library}.ops under gfx942's answers failed at " in problem
+        assert "is already registered as an opaque type" in problem
+        assert "imported for sm90 earlier in this process" in problem and "run one warm-up per target" in problem

@@ -69,7 +69,7 @@ def find_jit_function(where: str, target=None) -> JITFunction:
     afresh if it was imported otherwise): its kernel is the one that target's serving process defines.
     Without, a kernel already seen in this process, else a plain import (a running program's own)."""
     from .autotune import base_jit_function
-    from .imports import import_for_target, load_script_for_target
+    from .imports import import_failure, import_for_target, load_script_for_target
 
     module_name, _, qualname = where.rpartition(":")  # a script's path may hold a colon
     with _seen_lock:
@@ -89,12 +89,7 @@ def find_jit_function(where: str, target=None) -> JITFunction:
                 return known
             raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
         except Exception as e:  # the module's own code failed as it was imported: say where
-            from ...errors import describe_error
-            from ..core.server_tensors import raised_at
-
-            under, at = f" under {target.name}'s answers" if target is not None else "", raised_at(e)
-            raise LookupError(f"kernel {where}: importing {module_name}{under} failed{f' at {at}' if at else ''}: "
-                              f"{describe_error(e)}") from e
+            raise LookupError(f"kernel {where}: {import_failure(module_name, target, e)}") from e
     obj = module
     for part in qualname.split("."):
         obj = getattr(obj, part, None)

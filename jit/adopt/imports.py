@@ -142,6 +142,23 @@ def load_script_for_target(path: str, target: Target | None):
         return module
 
 
+def import_failure(module_name: str, target: Target | None, error: BaseException) -> str:
+    """One line for a module whose own code failed as it was imported: the module, the target, the
+    user's line, the error, and where another target imported its library first in this process (a
+    library that refuses a second import), what to do."""
+    from ...errors import describe_error
+    from ..core.server_tensors import raised_at
+
+    under = f" under {target.name}'s answers" if target is not None else ""
+    at = raised_at(error)
+    library = _library(module_name)
+    before = sorted(name for name, modules in _aside.items()
+                    if any(m == library or m.startswith(library + ".") for m in modules))
+    hint = (f" ({library} was imported for {', '.join(before)} earlier in this process: a library that refuses a "
+            "second import warms one target per process: run one warm-up per target)") if before else ""
+    return f"importing {module_name}{under} failed{f' at {at}' if at else ''}: {describe_error(error)}{hint}"
+
+
 def import_afresh(module_name: str):
     """``module_name`` run again under whatever answers are in force (a played server's); then the
     modules it replaced are put back, so that a warm-up's own stay as they were."""

@@ -238,10 +238,10 @@ def _say_failed_compiles(report: CheckReport, wanted: dict[str, dict], failed: d
         summary["why"], summary["cause"] = f"the warm-up could not compile it: {error}", COMPILE_FAILED
         key = (clipped(record["kernel"]), error)
         shared[key] += 1
-        rows.setdefault(key, clipped(record["rows"][0]) if record["rows"] else "")
+        rows.setdefault(key, f", first {clipped(record['rows'][0])}" if record["rows"] else "")
     report.reasons += [f"{kernel}: {_variants(count)} missing: the warm-up could not compile "
-                       f"{'it' if count == 1 else 'them'}{f', first {rows[kernel, error]}' if rows[kernel, error] else ''}: "
-                       f"{error}" for (kernel, error), count in shared.items()]
+                       f"{'it' if count == 1 else 'them'}{rows[kernel, error]}: {error}"
+                       for (kernel, error), count in shared.items()]
 
 
 def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours, *,

@@ -713,26 +713,21 @@ def _module_and_attribute(kernel_path: str, loc: _Located, where: str) -> tuple[
 
 class LauncherImportedPerTarget:
     """A ``capture: all`` spec's launcher: its module is imported when a row is traced, under the
-    answers of the target traced for (``adopt.imports``), afresh for each target whose answers differ,
-    so import-time probes, autotune config lists and constexpr globals take that target's values."""
+    answers of the target traced for (``adopt.imports``), once for each target, so import-time
+    probes, autotune config lists and constexpr globals take that target's values."""
 
     def __init__(self, kernel_path: str, module_name: str, attr: str, where: str):
         self.kernel_path, self.module_name, self.attr, self.where = kernel_path, module_name, attr, where
         self.__module__ = module_name  # the plan store fingerprints the launcher's package
 
     def resolve(self, target=None):
-        from ..adopt.imports import current_target, import_for_target
+        from ..adopt.imports import current_target, import_failure, import_for_target
 
         target = target if target is not None else current_target()
         try:
             module = import_for_target(self.module_name, target)
         except Exception as e:  # the module's own code failed at import: say which spec, module and target
-            from ..core.server_tensors import raised_at
-
-            under = f" under {target.name}'s answers" if target is not None else ""
-            at = raised_at(e)
-            raise ImportError(f"{self.where}: importing {self.module_name}{under} failed"
-                              f"{f' at {at}' if at else ''}: {describe_error(e)}") from e
+            raise ImportError(f"{self.where}: {import_failure(self.module_name, target, e)}") from e
         launcher = module
         for part in self.attr.split("."):
             launcher = getattr(launcher, part, None)
