@@ -360,7 +360,7 @@ def run_gpu(args) -> dict:
         base = fastest.get((row[0], "bf16"))
         row.append(f"{float(row[6]) / base:.2f}x" if base else "-")
     from triton.runtime import driver
-    from tritonwarm.jit.targets import target_from_gpu_target
+    from tritonwarm.jit.core.targets import target_from_gpu_target
     from tritonwarm.launchers.fused_moe import target_table_path
 
     target = target_from_gpu_target(driver.active.get_current_target()).name

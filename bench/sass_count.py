@@ -67,9 +67,9 @@ def count_sass(sass: str) -> dict:
 def compile_sass(jit_kernel, launch, target_name: str = "sm90", with_shared: bool = False):
     """(SASS text, resource usage) of ``launch`` compiled for ``target_name`` into a scratch cache;
     ``with_shared`` adds the launch's shared memory (Triton's metadata: every pipeline stage)."""
-    from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.resources import resource_usage, sass
-    from tritonwarm.jit.targets import resolve_target, target_driver
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+    from tritonwarm.jit.core.targets import resolve_target, target_driver
+    from tritonwarm.jit.pipeline.resources import resource_usage, sass
 
     target = resolve_target(target_name)
     if not target.is_nvidia:
@@ -134,9 +134,9 @@ def attention_rows(target_name: str) -> list[list]:
     """One row per split kernel the declared ``target_name`` settings launch for the two geometries."""
     import torch
     from tritonwarm.jit import fake_tensor, trace_call
-    from tritonwarm.jit.compile import compile_variant
-    from tritonwarm.jit.resources import resource_usage, sass
-    from tritonwarm.jit.targets import resolve_target
+    from tritonwarm.jit.core.targets import resolve_target
+    from tritonwarm.jit.pipeline.compile import compile_variant
+    from tritonwarm.jit.pipeline.resources import resource_usage, sass
     from tritonwarm.launchers import KVCacheLayout, paged_decode_attention
 
     target = resolve_target(target_name)
@@ -270,7 +270,7 @@ def main() -> None:
                    help="the paged decode attention split kernels' token loop instead of fp4 quantize")
     p.add_argument("--moe", action="store_true", help="the fused MoE GEMM's K loop per weight format and tile")
     args = p.parse_args()
-    from tritonwarm.jit.targets import resolve_target
+    from tritonwarm.jit.core.targets import resolve_target
 
     try:
         if not resolve_target(args.target).is_nvidia:

@@ -75,8 +75,8 @@ def cmd_warmup(args) -> int:
     from ..jit.cache.env import cache_manager_problem
     from ..jit.cache.marks import warmup_mark
     from ..jit.cache.overlay import refuse_if_overlaid
-    from ..jit.pool import worker_pool
-    from ..jit.warmup import warm
+    from ..jit.pipeline.pool import worker_pool
+    from ..jit.pipeline.warmup import warm
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
@@ -153,7 +153,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
 @keyed_for
 def cmd_check(args) -> int:
     from ..jit.cache import check_cache_dir
-    from ..jit.check import check
+    from ..jit.pipeline.check import check
 
     if args.serve_at and (args.trace or args.remote):
         raise UsageError("--serve-at checks the cache folder as a server mounting it elsewhere reads it: "
@@ -271,6 +271,7 @@ MISSING_ADVICE = {
     "not warmed": "warm up with these specs (`tritonwarm warmup`)",
     "kernel not warmed": "no variant of the kernel is warmed for this environment: warm a spec that launches it",
     "other class": "a class of their arguments was not warmed: warm a spec row that launches it",
+    "compile failed": "the warm-up could not compile them: the why line above says why",
     **dict.fromkeys(("copied", "files gone", "other options", "other code", "other module constants"),
                     "the why line above says why"),
 }

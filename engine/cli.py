@@ -63,7 +63,7 @@ def _check_paths(args) -> None:
 
 
 def cmd_engine_run(args) -> int:
-    from ..jit.monitor import JitPolicyError
+    from ..jit.serving.monitor import JitPolicyError
     from .config import load_engine_config
     from .metrics import EngineMetrics
     from .runner import make_workload, serve

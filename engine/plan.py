@@ -4,7 +4,7 @@ No spec describes the engine: ``engine_plan`` builds one step per Triton class o
 scalars (tokens in the step, requests in the step) and runs ``Engine.execute`` on it under
 ``capture(target)``; Triton's binder gives the keys. Everything else that picks a variant (dtype,
 geometry, block size, which layers have a residual or a dense MLP) is fixed by the config and
-reached by every step. ``tritonwarm.jit.warmup.warm(plan, cache_dir)`` then warms exactly that.
+reached by every step. ``tritonwarm.jit.pipeline.warmup.warm(plan, cache_dir)`` then warms exactly that.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jit import Target, class_reps, resolve_target
-from ..jit.c_launchers import warm_c_launchers
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.cache.remote import fetch_from_fleet, serving_reads_the_fleet
-from ..jit.check import check
-from ..jit.dispatch_record import read_record
-from ..jit.miss import WarmedNeighbours
-from ..jit.monitor import JitPolicyError
-from ..jit.plan import Plan, trace_rows
+from ..jit.core.dispatch_record import read_record
+from ..jit.pipeline.check import check
+from ..jit.pipeline.plan import Plan, trace_rows
+from ..jit.serving.c_launchers import warm_c_launchers
+from ..jit.serving.miss import WarmedNeighbours
+from ..jit.serving.monitor import JitPolicyError
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
 from .model import plan_token_counts

@@ -20,7 +20,7 @@ import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..jit.targets import Target, local_target
+from ..jit.core.targets import Target, local_target
 from .config import EngineConfig
 
 

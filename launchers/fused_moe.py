@@ -28,7 +28,7 @@ import yaml
 
 from ..errors import describe_error
 from ..jit import JitKernel, Launch
-from ..jit.targets import active_gpu_target, target_from_gpu_target
+from ..jit.core.targets import active_gpu_target, target_from_gpu_target
 from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
 from ._host import cdiv
 from ._op import custom_op

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import JitKernel, Launch
-from ..jit.targets import active_gpu_target
+from ..jit.core.targets import active_gpu_target
 from ..kernels.mla_kv_quant import mla_kv_quantize_write_kernel, quantized_mla_decode_split_kernel
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op

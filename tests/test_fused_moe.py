@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.kernel import fake_launches
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import target_driver
-from tritonwarm.jit.trace import Capture
+from tritonwarm.jit.core.kernel import fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.targets import target_driver
+from tritonwarm.jit.core.trace import Capture
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_nvfp4_reference, fused_moe_reference
 from tritonwarm.launchers.fp4 import mxfp4_quantize, nvfp4_quantize
 from tritonwarm.launchers.fused_moe import (

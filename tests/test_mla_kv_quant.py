@@ -10,10 +10,10 @@ import torch
 import triton
 import triton.language as tl
 from tritonwarm.jit import TARGETS, JitKernel, Launch
-from tritonwarm.jit.kernel import fake_launches
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.trace import Capture
+from tritonwarm.jit.core.kernel import fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.trace import Capture
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.fp4 import nvfp4_quantize_reference
 from tritonwarm.kernels.mla_kv_quant import (
     _dequantized_latent,
@@ -355,7 +355,7 @@ def test_the_shipped_kv_block_zero_rows_cover_every_formats_cache(target_name):
     """One uint8 kv_block_zero row stands for the set: each format's real per-layer cache launches a
     variant the shipped specs plan."""
     from tritonwarm.jit import fake_tensor, trace_call
-    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.pipeline.plan import plan
 
     target = TARGETS[target_name]
     planned = set(plan([s for s in load_specs([SPEC_DIR]) if "kv_block_zero" in s.kernel_path], target).variants)
@@ -425,9 +425,9 @@ def test_the_benchmark_runs_each_format_on_the_cpu():
 @pytest.mark.slow
 def test_the_spec_rows_compile_and_check_for_sm100(tmp_path):
     """sm90 and gfx942 compile every shipped row in tests/test_shipped_specs.py; Blackwell here."""
-    from tritonwarm.jit.check import check
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.warmup import warm
+    from tritonwarm.jit.pipeline.check import check
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.warmup import warm
 
     target = TARGETS["sm100"]
     the_plan = plan(_quantized_specs(), target)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor, trace_call
 from tritonwarm.jit.cache.layout import entry_files
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.resources import resource_usage
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.resources import resource_usage
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.mla_metadata import mla_decode_metadata_reference
 from tritonwarm.kernels.paged_attention import paged_decode_attention_reference
 from tritonwarm.launchers.kv_cache import KVCacheLayout

@@ -33,7 +33,7 @@ def test_counts_a_listing_without_padding_or_the_trailing_self_branch():
 @pytest.mark.slow
 def test_counts_the_shipped_mxfp4_quantize_for_sm90():
     import sass_count
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")
@@ -103,7 +103,7 @@ def test_mla_token_loop_reads_one_block_id_per_tile():
     """A 64-token tile of MLA on 64-token pages is one page's slots: the sm90 token loop loads one block
     id (not one per token) and copies the tile with cp.async, with no spills."""
     import sass_count
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")

@@ -91,6 +91,21 @@ def autotune_mode(state: AutotuneState):
                 Autotuner.run = _original_run
 
 
+@contextlib.contextmanager
+def autotuners(state: AutotuneState | None = None):
+    """The block every trace runs in (``trace.tracing``): autotuners follow ``state`` (a fresh tracing
+    one when None), which the block yields."""
+    with autotune_mode(state if state is not None else AutotuneState()) as entered:
+        yield entered
+
+
+def fake_run(stack, launch):
+    """A ``JitKernel``'s stack on fake inputs: Triton's own ``run(warmup=True)``, heuristics evaluated,
+    every pruned config traced, in the state of the enclosing trace."""
+    with autotune_mode(current_state()):
+        return stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+
+
 def _fake_run(self: Autotuner, *args, **kwargs):
     state = _state.get()
     if state is None:  # another thread, not faking anything
@@ -281,7 +296,7 @@ def _materialize(value):
     """A meta tensor → a real one on the GPU with the same shape, stride, dtype and alignment."""
     import torch
 
-    from .server_tensors import backing_device, plain
+    from ..core.server_tensors import backing_device, plain
 
     if not (isinstance(value, torch.Tensor) and backing_device(value).type == "meta"):
         return value

@@ -19,9 +19,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import describe_error
-from .c_launchers import warm_c_launchers
-from .cache import (
+from ...errors import describe_error
+from ..cache import (
     CacheError,
     Manifest,
     ManifestDamaged,
@@ -37,16 +36,18 @@ from .cache import (
     triton_version,
     variant_lock,
 )
-from .cache.env import current_fingerprint, fingerprint_id
-from .cache.layout import UnreadableEntry
-from .cache.overlay import refuse_if_overlaid
-from .cache.sources import PlanSources
+from ..cache.env import current_fingerprint, fingerprint_id
+from ..cache.failures import record_compiles
+from ..cache.layout import UnreadableEntry
+from ..cache.overlay import refuse_if_overlaid
+from ..cache.sources import PlanSources
+from ..core.targets import Target
+from ..core.trace import Variant
+from ..serving.c_launchers import warm_c_launchers
 from .compile import compile_variant
 from .plan import Plan
 from .pool import prime_key_material
 from .resources import resource_usage
-from .targets import Target
-from .trace import Variant
 
 
 @dataclass
@@ -90,7 +91,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environment = fingerprint_id(fingerprint)
     environments = {environment: fingerprint}
-    variants, warmed = list(the_plan.variants.values()), []
+    variants, warmed, failed = list(the_plan.variants.values()), [], {}
     outcomes = _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool)
     for variant, outcome in outcomes:
         if disk_full(outcome):  # every further compile would fail the same way: stop at the first
@@ -100,7 +101,10 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
                              "(the next warm-up removes what this one left)")
         if isinstance(outcome, BaseException):
             result.failed += 1
-            result.failures.append(f"{variant.kernel} {variant.variant_id}: {describe_error(outcome)}")
+            failed[variant.cache_hash] = {"kernel": variant.kernel, "rows": variant.rows[:3],
+                                          "error": describe_error(outcome)}
+            result.failures.append(f"{_rows_of(variant)}{variant.kernel} {variant.variant_id}: compile failed: "
+                                   f"{describe_error(outcome)}")
             if progress:
                 progress(variant, "failed")
             continue
@@ -116,6 +120,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
             manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
             progress(variant, status)
+    record_compiles(cache_dir, target.name, failed, (v.cache_hash for v in warmed))
     PlanSources(cache_dir, target.name).add(**the_plan.sources)
     c_launchers = warm_c_launchers(warmed, target, cache_dir, jobs=jobs)
     if c_launchers is not None:
@@ -123,6 +128,14 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         result.failures += [f"C launcher {line}" for line in c_launchers.failed]
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _rows_of(variant: Variant) -> str:
+    """The spec row a variant was planned from, as a failure names it (``row: ``; empty for none)."""
+    if not variant.rows:
+        return ""
+    more = f" and {len(variant.rows) - 1} more rows" if len(variant.rows) > 1 else ""
+    return f"{variant.rows[0]}{more}: "
 
 
 def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int,
@@ -179,7 +192,7 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
 
 def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
                         binary_only: bool):
-    from .targets import TARGETS
+    from ..core.targets import TARGETS
 
     return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded, binary_only)
 
