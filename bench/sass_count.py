@@ -209,7 +209,7 @@ def _tile(name: str):
 
 def moe_rows(target_name: str, tiles=MOE_TILES, formats=("bf16", "mxfp4", "nvfp4")) -> list[list]:
     """One row per (weight format, tile): the gate/up GEMM's K loop, compiled for ``target_name``."""
-    from tritonwarm.jit.targets import resolve_target, target_driver
+    from tritonwarm.jit.core.targets import resolve_target, target_driver
 
     target = resolve_target(target_name)
     limit = {"sm80": 166912, "sm90": 232448, "sm100": 232448, "sm120": 101376}.get(target_name)

@@ -22,7 +22,7 @@ from .common import (
 )
 from .env import add_for_args, keyed_for
 
-IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")  # jit.inspection.IR_KINDS (tested equal)
+IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")  # jit.pipeline.inspection.IR_KINDS (tested equal)
 
 
 def add_parsers(sub) -> None:

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-# The parser is built for every command (and --help): these mirror jit.monitor.POLICIES and
+# The parser is built for every command (and --help): these mirror jit.serving.monitor.POLICIES and
 # engine.ops.OPS (tested equal) so that building it imports neither torch nor Triton.
 POLICIES = ("off", "warn", "error")
 MODES = ("reference", "triton")

@@ -53,7 +53,7 @@ def engine_config_source(config: str | Path) -> str:
 
 
 def engine_plan_json(config: str, target_name: str) -> dict:
-    """``engine_plan`` for a worker process (``jit.pool.worker_pool``): arguments and result as data."""
+    """``engine_plan`` for a worker process (``jit.pipeline.pool.worker_pool``): arguments and result as data."""
     return engine_plan(config, target_name).to_json()
 
 

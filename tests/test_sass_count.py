@@ -119,7 +119,7 @@ def test_the_mxfp4_moe_loop_decodes_words_into_warpgroup_mmas_on_sm90():
     16-token tile runs HGMMA, no spills, and the loop stays under 8 instructions per weight element
     (the nibble-at-a-time decode took 17.9)."""
     import sass_count
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")

@@ -73,7 +73,7 @@ def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
     launcher's package, the source of every kernel it traced, the environment variables its trace
     read, Triton's version and cache-invalidating environment, the target) is not traced again: its
     plan is read back from the plan store. With
-    ``pool`` (``jit.pool.worker_pool``), the specs are traced in its worker processes.
+    ``pool`` (``jit.pipeline.pool.worker_pool``), the specs are traced in its worker processes.
     """
     return plan_targets(specs, [target], verify_collapse=verify_collapse, cache_dir=cache_dir, pool=pool)[target.name]
 

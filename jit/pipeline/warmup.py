@@ -72,7 +72,7 @@ class WarmResult:
 def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = False,
          progress: Callable[[Variant, str], None] | None = None, pool: Executor | None = None) -> WarmResult:
     """Compile every planned variant the cache lacks (``jobs`` processes, or the workers of ``pool``,
-    a ``jit.pool.worker_pool`` shared with tracing); record all in the manifest."""
+    a ``jit.pipeline.pool.worker_pool`` shared with tracing); record all in the manifest."""
     target = the_plan.target
     start = time.perf_counter()
     ensure_writable(cache_dir)
