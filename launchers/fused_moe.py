@@ -147,7 +147,7 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
     as stored (dense in the activation's dtype; FP4 packed two to a byte plus one scale byte per 32
     (MXFP4) or 16 (NVFP4) values), times Triton's pipeline buffers (``pipeline_buffers``); where the
     matrix unit reads its operands from shared memory (``async_mma``) and on AMD, an FP4 tile is
-    also decoded into shared memory in the activation's dtype."""
+    also decoded into shared memory in the activation's dtype (an NVFP4 tile everywhere, once)."""
     m, n, k = config.block_m, config.block_n, config.block_k
     if weight == "dense":
         weight_tile = k * n * act_bytes
@@ -156,7 +156,12 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
     outputs = 2 if gated else 1
     stage = m * k * act_bytes + outputs * weight_tile
     mma_from_shared = async_mma(target, m)
-    decoded = outputs * k * n * act_bytes if weight != "dense" and (mma_from_shared or not target.is_nvidia) else 0
+    if weight != "dense" and (mma_from_shared or not target.is_nvidia):
+        decoded = outputs * k * n * act_bytes
+    elif weight == "nvfp4":  # its fp32 scaling: the decoded tile passes through shared memory once
+        decoded = k * n * act_bytes
+    else:
+        decoded = 0
     return pipeline_buffers(target, config.num_stages, mma_from_shared) * stage + decoded
 
 

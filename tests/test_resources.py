@@ -288,7 +288,7 @@ def _mla_decode(num_heads: int):
 def test_estimates_bound_what_the_compiled_binaries_use(tmp_path):
     """The worst rows, compiled: the compiled metadata fits the target and the estimate covers it (the
     allowance ``shared_budget`` keeps free included)."""
-    from tritonwarm.launchers.fused_moe import TileConfig, fitted_moe_tile, fused_moe_gemm_jit
+    from tritonwarm.launchers.fused_moe import TileConfig, fitted_moe_tile, fused_moe_gemm_jit, fused_moe_nvfp4_gemm_jit
     from tritonwarm.launchers.paged_attention import paged_decode_attention
 
     target = TARGETS["sm90"]
@@ -302,7 +302,12 @@ def test_estimates_bound_what_the_compiled_binaries_use(tmp_path):
     checked = _compile("sm90", tmp_path, fused_moe_gemm_jit, a, b, None, c, *routing, 2, True, False, config)
     checked += [pair for pair in _compile("sm90", tmp_path, paged_decode_attention, *_mla_decode(128))
                 if "split" in pair[0].kernel]  # DeepSeek-V3's 128 heads
-    assert len(checked) == 2
+    # NVFP4 weights, whose decoded tile passes through shared memory (2.6x the pipelined bytes here)
+    packed, scales = fake_tensor((8, 64, 32), torch.uint8), fake_tensor((8, 64, 4), torch.uint8)
+    checked += _compile("sm90", tmp_path, fused_moe_nvfp4_gemm_jit, a.to(torch.bfloat16), packed, scales,
+                        fake_tensor((8,), torch.float32), c.to(torch.bfloat16), *routing, 1, False, True,
+                        TileConfig(16, 64, 64, 1, 4, 3))
+    assert len(checked) == 3
     for variant, usage in checked:
         assert usage["shared"] <= limit, (variant.kernel, usage)
         assert usage["shared"] <= variant.shared_estimate + (limit - shared_budget(target)), (variant.kernel, usage)
