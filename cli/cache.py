@@ -86,8 +86,8 @@ def cmd_list(args) -> int:
         for more in lines[1:]:
             print(" " * len(lead) + more)
     if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
-        print("-: REGS and SPILL are read from NVIDIA cubins with the cuobjdump Triton ships; "
-              "Triton ships no such tool for AMD hsaco, so AMD targets show none")
+        print("-: REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
+              "`tritonwarm warmup` again reads them from the hsaco")
     return 0
 
 

@@ -19,6 +19,7 @@ from ..jit.cache.remote import fetch_from_fleet, serving_reads_the_fleet
 from ..jit.core.dispatch_record import read_record
 from ..jit.pipeline.check import check
 from ..jit.pipeline.plan import Plan, trace_rows
+from ..jit.pipeline.resources import over_limit_line
 from ..jit.serving.c_launchers import warm_c_launchers
 from ..jit.serving.miss import WarmedNeighbours
 from ..jit.serving.monitor import JitPolicyError
@@ -106,6 +107,10 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
                    f"{report.planned} variants this engine launches ({', '.join(kernels)}); "
                    + _first_reason(report, target))
+    elif report.over_limits:  # the GPU refuses to load them: the first step that launches one crashes
+        message = (f"engine start refused: {len(report.over_limits)} of the {report.planned} variants this engine "
+                   f"launches on {target.name} are over its launch limits: "
+                   f"{over_limit_line(target.name, report.over_limits[0])}")
     elif report.missing_c_launchers:  # Triton would run gcc at its first launch (and fail on a read-only cache)
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks "
                    f"{len(report.missing_c_launchers)} of Triton's C launchers this engine needs: "

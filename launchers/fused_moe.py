@@ -27,8 +27,9 @@ import torch
 import yaml
 
 from ..errors import describe_error
-from ..jit import JitKernel, Launch
+from ..jit import JitKernel, Launch, Target
 from ..jit.core.targets import active_gpu_target, target_from_gpu_target
+from ..jit.core.tile_fit import active_target, async_mma, fit_tile, pipeline_buffers, shared_budget
 from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
 from ._host import cdiv
 from ._op import custom_op
@@ -157,6 +158,78 @@ def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
     return dict(SWAP=config.block_m < 64, BF16_BITS=target is not None and target.backend == "cuda")
 
 
+WEIGHT_FORMATS = ("dense", "mxfp4", "nvfp4")
+
+
+def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gated: bool, target: Target) -> int:
+    """Shared memory one program of the fused MoE GEMM needs on ``target`` (an estimate, checked
+    against compiled binaries by the tests): the pipelined tiles of one K step, ``A`` (BLOCK_M x
+    BLOCK_K activations) and one weight tile per output (two when ``gated``: gate and up), weights
+    as stored (dense in the activation's dtype; FP4 packed two to a byte plus one scale byte per 32
+    (MXFP4) or 16 (NVFP4) values), times Triton's pipeline buffers (``pipeline_buffers``); where the
+    matrix unit reads its operands from shared memory (``async_mma``) and on AMD, an FP4 tile is
+    also decoded into shared memory in the activation's dtype (an NVFP4 tile everywhere, once)."""
+    m, n, k = config.block_m, config.block_n, config.block_k
+    if weight == "dense":
+        weight_tile = k * n * act_bytes
+    else:
+        weight_tile = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
+    outputs = 2 if gated else 1
+    stage = m * k * act_bytes + outputs * weight_tile
+    mma_from_shared = async_mma(target, m)
+    if weight != "dense" and (mma_from_shared or not target.is_nvidia):
+        decoded = outputs * k * n * act_bytes
+    elif weight == "nvfp4":  # its fp32 scaling: the decoded tile passes through shared memory once
+        decoded = k * n * act_bytes
+    else:
+        decoded = 0
+    return pipeline_buffers(target, config.num_stages, mma_from_shared) * stage + decoded
+
+
+def smaller_moe_tile(config: TileConfig, min_block_k: int = 16) -> TileConfig | None:
+    """The next smaller tile to try when one does not fit: BLOCK_K halved down to 64, then fewer
+    stages down to 2, BLOCK_K down to 32 (``min_block_k`` if larger), BLOCK_N down to 32, BLOCK_M
+    down to 16, one stage; None past the smallest."""
+    replace = dataclasses.replace
+    if config.block_k > 64:
+        return replace(config, block_k=config.block_k // 2)
+    if config.num_stages > 2:
+        return replace(config, num_stages=config.num_stages - 1)
+    if config.block_k > max(min_block_k, 32):
+        return replace(config, block_k=config.block_k // 2)
+    if config.block_n > 32:
+        return replace(config, block_n=config.block_n // 2)
+    if config.block_m > 16:
+        return replace(config, block_m=config.block_m // 2)
+    if config.num_stages > 1:
+        return replace(config, num_stages=1)
+    return None
+
+
+@cache
+def fitted_moe_tile(config: TileConfig, act_bytes: int, weight: str, target: Target | None) -> TileConfig:
+    """``config``, or the largest smaller tile (``smaller_moe_tile``) whose gate/up GEMM (the larger
+    of the two) fits ``target``'s shared memory in this dtype and weight format: a table written for
+    2-byte activations also serves fp32 ones. No target (the interpreter): ``config``."""
+    if target is None:
+        return config
+    min_k = 32 if weight == "mxfp4" else 16
+    return fit_tile(config, lambda c: fused_moe_shared_bytes(c, act_bytes, weight, True, target),
+                    lambda c: smaller_moe_tile(c, min_k), shared_budget(target), f"fused MoE tile ({weight})")
+
+
+def _launch_estimate(weight: str):
+    """``JitKernel.shared_estimate`` of a GEMM launch: ``fused_moe_shared_bytes`` of its tile."""
+    def estimate(launch: Launch, target: Target) -> int:
+        c = launch.constexprs
+        config = TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["GROUP_M"], launch.num_warps,
+                            launch.num_stages)
+        return fused_moe_shared_bytes(config, launch.args[0].element_size(), "mxfp4" if c.get("MXFP4_B") else weight,
+                                      c["GATED"], target)
+
+    return estimate
+
+
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
 # N, K and the strides are per-model constants; TOP_K, the tile, the GEMM kind and the weight format
 # are constexprs. ``b_scales`` is None for dense weights (the kernel never reads the scale pointer then).
@@ -183,7 +256,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
     )
 
 
-fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch)
+fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch, shared_estimate=_launch_estimate("dense"))
 
 
 def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights, sorted_token_ids, expert_ids,
@@ -206,7 +279,8 @@ def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights
     )
 
 
-fused_moe_nvfp4_gemm_jit = JitKernel(fused_moe_nvfp4_kernel, fused_moe_nvfp4_gemm_launch)
+fused_moe_nvfp4_gemm_jit = JitKernel(fused_moe_nvfp4_kernel, fused_moe_nvfp4_gemm_launch,
+                                     shared_estimate=_launch_estimate("nvfp4"))
 
 
 def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
@@ -280,10 +354,11 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
     if global_scales is not None and (hidden_size % 16 or intermediate % 16):
         raise ValueError(f"NVFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 16")
     top_k = topk_ids.shape[1]
-    weights = "mxfp4" if mxfp4 else "nvfp4" if global_scales is not None else "bf16"
-    config = (tile_table or active_tile_table(weights)).select(num_tokens)
+    weight = "mxfp4" if mxfp4 else "nvfp4" if global_scales is not None else "dense"
+    config = (tile_table or active_tile_table("bf16" if weight == "dense" else weight)).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
+    config = fitted_moe_tile(config, hidden.element_size(), weight, active_target())
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     sorted_ids, expert_ids, post_padded = moe_align_block_size(topk_ids, num_experts, config.block_m)

@@ -8,13 +8,15 @@ split kernel's schedule and its combine kernel) reading the quantized entries. B
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ..jit import JitKernel, Launch
+from ..jit import JitKernel, Launch, Target
 from ..jit.core.targets import active_gpu_target
+from ..jit.core.tile_fit import active_target, fit_tile, pipeline_buffers, shared_budget
 from ..kernels.mla_kv_quant import mla_kv_quantize_write_kernel, quantized_mla_decode_split_kernel
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op
@@ -25,6 +27,7 @@ from .paged_attention import (
     device_sm_count,
     grid_splits,
     paged_decode_attention_combine_jit,
+    smaller_split_tile,
 )
 
 LATENT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -124,6 +127,41 @@ def _splits(batch: int, block_table, block_size: int, num_heads: int, device) ->
                        tiles.block_n, tiles.parts_per_sm, device_sm_count(device))
 
 
+def quantized_split_shared_bytes(block_h: int, block_n: int, num_stages: int, fmt: MLAKVFormat, act_bytes: int,
+                                 target: Target) -> int:
+    """Shared memory one program of the quantized split kernel needs on ``target`` (an estimate, checked
+    against compiled binaries by the tests; kept on the safe side). The tiles are dequantized in
+    registers; on NVIDIA the dots read the key tile (latent + rope, twice: as keys and in the value's
+    layout), the query and the probabilities from shared memory; on AMD the latent rows of the key
+    or the output (whichever has more) pass through LDS. Each pipeline buffer past the first holds
+    a tile of raw entries."""
+    key_row = (fmt.kv_lora_rank + fmt.rope_dim) * act_bytes
+    raw = block_n * fmt.entry_bytes
+    if target.is_nvidia:
+        return ((pipeline_buffers(target, num_stages) - 1) * raw + 2 * block_n * key_row + block_h * key_row
+                + block_h * block_n * act_bytes)
+    buffers = pipeline_buffers(target, num_stages) if num_stages > 1 or str(target.arch).startswith("gfx95") else 0
+    return buffers * raw + max(block_n, block_h) * fmt.kv_lora_rank * act_bytes
+
+
+@functools.cache
+def fitted_quantized_tile(tile: tuple[int, int, int], fmt: MLAKVFormat, act_bytes: int,
+                          target: Target | None) -> tuple[int, int, int]:
+    """The declared ``(num_stages, block_n, block_h)``, or the largest smaller one that fits ``target``'s
+    shared memory (``paged_attention.smaller_split_tile``); the declared one without a target."""
+    if target is None:
+        return tile
+    return fit_tile(tile, lambda t: quantized_split_shared_bytes(t[2], t[1], t[0], fmt, act_bytes, target),
+                    smaller_split_tile, shared_budget(target), "quantized MLA decode tile")
+
+
+def _launch_estimate(launch: Launch, target: Target) -> int:
+    c = launch.constexprs
+    fmt = kv_format(c["KV_FORMAT"], c["LATENT_DIM"], c["ROPE_DIM"])
+    return quantized_split_shared_bytes(c["BLOCK_H"], c["BLOCK_N"], launch.num_stages, fmt,
+                                        launch.args[0].element_size(), target)
+
+
 def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits: int, partial_out, partial_lse,
                                       scale: float, kv_cache_dtype: str) -> Launch | None:
     batch, num_heads, key_dim = q.shape
@@ -132,21 +170,23 @@ def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits
     rank = partial_out.shape[-1]
     fmt = kv_format(kv_cache_dtype, rank, key_dim - rank)
     tiles = quantized_tiles()
-    block_h = _head_tile(num_heads)
+    stages, block_n, block_h = fitted_quantized_tile((tiles.num_stages, tiles.block_n, _head_tile(num_heads)), fmt,
+                                                     q.element_size(), active_target())
     # The batch and the split count only size the grid and a do_not_specialize int.
     return Launch(
         grid=(batch * splits, cdiv(num_heads, block_h)),
         args=(q, kv_cache, block_table, seq_lens, partial_out, partial_lse, q.stride(0), q.stride(1),
               kv_cache.stride(0), block_table.stride(0), partial_out.stride(0), partial_out.stride(1),
               partial_lse.stride(0), float(scale) * math.log2(math.e), int(splits)),
-        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
+        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=block_n,
                         **{k: v for k, v in _format_constexprs(fmt).items()}),
         num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_stages=stages,
     )
 
 
-quantized_mla_decode_split_jit = JitKernel(quantized_mla_decode_split_kernel, quantized_mla_decode_split_launch)
+quantized_mla_decode_split_jit = JitKernel(quantized_mla_decode_split_kernel, quantized_mla_decode_split_launch,
+                                           shared_estimate=_launch_estimate)
 
 
 def quantized_mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -359,7 +359,7 @@ def test_compiles_real_geometry(compile_call, compile_cache_dir, target, name):
     # static part alone (1 KB on sm90, whatever the stages take)
     usage = resource_usage(TARGETS[target], entry_files(compile_cache_dir, split.entry_dir, split.entry_name))
     assert binary.metadata.shared <= usage["shared"] <= binary.metadata.shared + 1024, usage
-    assert ("registers" in usage) == (target == "sm90")  # AMD: no offline register count
+    assert usage["registers"] > 0  # read offline: the cubin (cuobjdump), the hsaco's kernel descriptor
     if target == "sm90":
         for kernel_name in (split_name, "paged_decode_attention_combine_kernel"):
             with tempfile.TemporaryDirectory() as tmp:

@@ -14,4 +14,5 @@ hooks.install(hooks.Adoption(
     interpreter_meta=autotune.resolve_for_interpreter,
     autotuners=autotune.autotuners,
     kernel_for=foreign.kernel_for,
+    choosing_among_configs=autotune.choosing_among_configs,
 ))

@@ -49,6 +49,7 @@ class Adoption:
     interpreter_meta: Callable[[Any, tuple, dict], dict]  # (stack, args, kwargs): what it adds, interpreted
     autotuners: Callable[[Any], contextlib.AbstractContextManager]  # (state or None): every trace's block
     kernel_for: Callable[[Any], KernelLike]  # JITFunction -> its JitKernel, or a stand-in with its attributes
+    choosing_among_configs: Callable[[], bool]  # is the compile request traced now one config of several?
 
 
 _installed: Adoption | None = None

@@ -115,11 +115,15 @@ class JitKernel:
     _registry: weakref.WeakValueDictionary[str, JitKernel] = weakref.WeakValueDictionary()
     _registry_lock = threading.Lock()
 
-    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None, memoize: bool = False):
+    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None, memoize: bool = False,
+                 shared_estimate: Callable[[Launch, Target], int] | None = None):
         """``memoize``: the launch spec reads nothing but its inputs' dtypes, shapes, strides, devices
         and scalar values (no data, no data pointer beyond alignment, no global state), and passes
         input tensors to the kernel as they are; its launch is then bound once per input key
-        (``dispatch.LaunchMemo``) and later calls skip the spec."""
+        (``dispatch.LaunchMemo``) and later calls skip the spec.
+        ``shared_estimate``: the shared memory (bytes) one program of a launch needs on a target, as
+        the launch spec estimates it to pick a tile that fits; recorded with each traced variant, to
+        be compared with what the compiled binary says (``jit.pipeline.resources``)."""
         # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
         # the JITFunction at its bottom is what compiles.
         stacks = adoption()
@@ -129,6 +133,7 @@ class JitKernel:
         fn = kernel.fn if hasattr(kernel, "fn") else kernel
         self.fn = fn
         self.launch_spec = launch_spec
+        self.shared_estimate = shared_estimate
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"
         # Whatever TRITON_INTERPRET said at import, keep a compiling JITFunction for warm-up and
         # GPU launches; the interpreter is built on demand from the same Python function.

@@ -44,6 +44,8 @@ class Variant:
     entry_name: str = ""  # the kernel function's name: Triton names the entry's files after it
     jit_function: str = ""  # "module:qualname" of a kernel that is no JitKernel (captured by capture: all)
     constexpr_globals: dict[str, str] = field(default_factory=dict)  # module-level constexprs in Triton's hash
+    autotuned: bool = False  # one config of an autotuner that chooses among several: over a limit, it is skipped
+    shared_estimate: int | None = None  # shared memory (bytes) as its launch spec estimated it
 
     @property
     def variant_id(self) -> str:
@@ -76,6 +78,8 @@ class Variant:
             "jit_function": self.jit_function,
             "specialization_data": self.specialization_data,
             "constexpr_globals": self.constexpr_globals,
+            "autotuned": self.autotuned,
+            "shared_estimate": self.shared_estimate,
         }
 
 
@@ -99,12 +103,12 @@ class Capture(FakeLaunchSink):
 
     def any_kernel_hook(self, target: Target):
         """Triton's ``jit_cache_hook`` for ``capture: all``: record every compile request, compile nothing."""
-        kernel_for = adoption().kernel_for
+        answers = adoption()
 
         def hook(*, key, fn, compile, **_):
             jit_function = fn.jit_function
             self.foreign[id(jit_function)] = jit_function
-            self._record(kernel_for(jit_function), target, compile)
+            self._record(answers.kernel_for(jit_function), target, compile, answers.choosing_among_configs())
             return True
 
         return hook
@@ -123,10 +127,11 @@ class Capture(FakeLaunchSink):
         return self.row_keys.get(label, set())
 
     def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
-        seen: list[dict] = []
+        seen: list[tuple[dict, bool]] = []
+        choosing_among_configs = adoption().choosing_among_configs
 
         def hook(*, key, fn, compile, **_):
-            seen.append(compile)
+            seen.append((compile, choosing_among_configs()))
             return True  # never compile while tracing
 
         with _hook_lock:
@@ -137,13 +142,17 @@ class Capture(FakeLaunchSink):
             finally:
                 knobs.runtime.jit_cache_hook = previous
         self.launches += 1
-        for request in seen:
-            self._record(kernel, target, request)
+        estimate = kernel.shared_estimate(launch, target) if kernel.shared_estimate is not None else None
+        for request, autotuned in seen:
+            self._record(kernel, target, request, autotuned, estimate)
 
-    def _record(self, kernel: KernelLike, target: Target, request: dict) -> None:
+    def _record(self, kernel: KernelLike, target: Target, request: dict, autotuned: bool = False,
+                shared_estimate: int | None = None) -> None:
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
-        if variant is None:
+        if variant is not None:
+            variant.autotuned = variant.autotuned and autotuned  # launched directly too: it must launch
+        else:
             _refuse_dtype_named_strings(kernel, request)  # once per variant, not on every launch of it
             variant = Variant(
                 kernel=kernel.name,
@@ -158,6 +167,8 @@ class Capture(FakeLaunchSink):
                 entry_name=kernel.fn.__name__,
                 jit_function=getattr(kernel, "locator", ""),
                 constexpr_globals=constexpr_globals(kernel.jit_function),
+                autotuned=autotuned,
+                shared_estimate=shared_estimate,
             )
             self.variants[(kernel.name, key)] = variant
         if self.current_row is not None:

@@ -52,6 +52,7 @@ from ..serving.miss import (
     WarmedNeighbours,
 )
 from .plan import Plan
+from .resources import entry_usage, over_limit_row, over_limits
 
 
 @dataclass
@@ -79,13 +80,15 @@ class CheckReport:
     serve_at: str | None = None  # checked as a server that mounts the folder there reads it
     read_elsewhere: list[dict] = field(default_factory=list)  # hits only because another folder here has the files
     interrupted: str | None = None  # a warm-up into this folder that did not finish
+    over_limits: list[dict] = field(default_factory=list)  # cached, but over the target's launch limits
+    pruned: list[dict] = field(default_factory=list)  # autotune configs over a limit: the autotuner skips them
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
                     or self.unknown_winners or self.missing_c_launchers or self.unreadable
                     or self.manifest_problem or self.bypassed or self.read_elsewhere
-                    or self.interrupted)
+                    or self.interrupted or self.over_limits)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -146,6 +149,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
             report.corrupt.append({**summary, "why": why})
         else:
             intact.append(variant)
+            _judge_resources(report, target, variant, files, recorded.get(variant.cache_hash))
             elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name)
             if elsewhere is not None and not _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir)):
                 report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere)})
@@ -192,6 +196,15 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
                                       serve_at)
         _explain_missing(report, wanted, neighbours, copies_explained=mounted_elsewhere)
     return report
+
+
+def _judge_resources(report: CheckReport, target, variant, files: dict[str, str], record: dict | None) -> None:
+    """An intact entry over the target's launch limits: the GPU refuses to load it (a server crashes at
+    its first launch), unless an autotuner chooses among it and others (then it skips it: pruned)."""
+    excess = over_limits(target, entry_usage(target, files, record), variant.num_warps)
+    if excess:
+        row = over_limit_row(variant.to_json(), excess)
+        (report.pruned if variant.autotuned else report.over_limits).append(row)
 
 
 def _same_folder(a, b) -> bool:

@@ -51,6 +51,7 @@ class Plan:
                 self.variants[variant.cache_hash] = Variant.from_json(variant.to_json())
             else:
                 known.rows += [r for r in variant.rows if r not in known.rows]
+                known.autotuned = known.autotuned and variant.autotuned
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,

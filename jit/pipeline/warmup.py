@@ -47,7 +47,7 @@ from ..serving.c_launchers import warm_c_launchers
 from .compile import compile_variant
 from .plan import Plan
 from .pool import prime_key_material
-from .resources import resource_usage
+from .resources import over_limit_line, over_limit_row, over_limits, resource_usage
 
 
 @dataclass
@@ -63,6 +63,8 @@ class WarmResult:
     seconds: float = 0.0
     manifest_set_aside: str | None = None  # a damaged manifest, moved aside and rebuilt
     failures: list[str] = field(default_factory=list)
+    over_limits: list[dict] = field(default_factory=list)  # variants the target's GPU refuses to load (failed)
+    pruned: list[dict] = field(default_factory=list)  # autotune configs over a limit: Triton's autotuner skips them
     c_launchers: dict | None = None  # Triton's C launchers built for the warmed variants (c_launchers.py)
 
     def to_json(self) -> dict:
@@ -109,17 +111,26 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
                 progress(variant, "failed")
             continue
         status, details = outcome
-        warmed.append(variant)
-        result.compiled += status in ("compiled", "repaired")
-        result.repaired += status == "repaired"
-        result.cached += status in ("cached", "verified")
-        result.verified += status == "verified"
+        usage = details["resources"] if details is not None else _recorded_usage(recorded, variant, target, cache_dir)
+        excess = over_limits(target, usage, variant.num_warps)
+        refused = bool(excess) and not variant.autotuned  # an autotuner skips such a config; a launch crashes
+        if excess:
+            (result.over_limits if refused else result.pruned).append(over_limit_row(variant.to_json(), excess))
+        if refused:  # compiled and kept (check names it), but a failed row: the server cannot load it
+            result.failed += 1
+            result.failures.append(over_limit_line(target.name, result.over_limits[-1]))
+        else:
+            warmed.append(variant)
+            result.compiled += status in ("compiled", "repaired")
+            result.repaired += status == "repaired"
+            result.cached += status in ("cached", "verified")
+            result.verified += status == "verified"
         if details is not None:
             entry = _manifest_entry(variant, details, version, env)
             entry["environment"] = environment
             manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
-            progress(variant, status)
+            progress(variant, "over limit" if refused else status)
     record_compiles(cache_dir, target.name, failed, (v.cache_hash for v in warmed))
     PlanSources(cache_dir, target.name).add(**the_plan.sources)
     c_launchers = warm_c_launchers(warmed, target, cache_dir, jobs=jobs)
@@ -224,6 +235,18 @@ def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict 
         if files is None:
             raise RuntimeError(f"Triton wrote no complete cache entry under {cache_dir}")
         return ("repaired" if corrupt else "compiled"), _details(target, files, seconds)
+
+
+def _recorded_usage(recorded: dict, variant: Variant, target: Target, cache_dir: Path) -> dict | None:
+    """What an entry found cached and intact uses: as its record says, else read from its files."""
+    usage = (recorded.get(variant.cache_hash) or {}).get("resources")
+    if isinstance(usage, dict):
+        return usage
+    try:
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+    except UnreadableEntry:
+        return None
+    return resource_usage(target, files) if files else None
 
 
 def _current_record(cache_dir: Path, target: Target, cache_hash: str) -> dict | None:
