@@ -23,8 +23,9 @@ MLA decode's split kernel per KV cache format (bf16 ``auto``, ``fp8_ds_mla``, ``
 heads, 512 + 64, 64-token pages, each format's declared tiles): per BLOCK_N tile of the token loop,
 the 128-bit loads of the cache (LDG.128 and cp.async LDGSTS.128 warp-instructions, all warps)
 against byte loads, the dequantization instructions a thread issues (conversions, packed-half math,
-bit operations) per cache byte read, the MMAs (HMMA / HGMMA, all warps), warp-instructions per token, registers, spills, the raw
-cache bytes one pipeline stage holds, shared memory and the programs per SM the two allow.
+bit operations) per cache byte read, the MMAs (HMMA / HGMMA, all warps), warp-instructions per
+token, registers, spills, the raw cache bytes one pipeline stage holds, shared memory and the
+programs per SM the two allow.
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def _mla_format_calls(batch: int = 64):
     for name in ("fp8_ds_mla", "nvfp4_ds_mla"):
         fmt = kv_format(name)
         cache = fake_tensor((4096, 64, 1, fmt.entry_bytes), torch.uint8)
-        calls.append((name, fmt.payload_bytes, quantized_mla_decode_attention, (q, cache, table_, lens, 0.08, name, 512)))
+        calls.append((name, fmt.payload_bytes, quantized_mla_decode_attention,
+                      (q, cache, table_, lens, 0.08, name, 512)))
     return calls
 
 
@@ -204,7 +206,8 @@ def mla_row(name: str, token_bytes: int, sass_text: str, usage: dict, block_n: i
     if regs:
         fits.append(SM_LIMITS["registers"] // (regs * 32 * warps))
     return [name, block_n, warps, stages, len(loop), f"{len(loop) * warps / block_n:.1f}", wide, narrow,
-            f"{32 * dequant / (block_n * token_bytes):.2f}", mma, regs if regs is not None else "-", usage.get("local", "-"),
+            f"{32 * dequant / (block_n * token_bytes):.2f}", mma, regs if regs is not None else "-",
+            usage.get("local", "-"),
             f"{block_n * token_bytes / 1024:.1f}", f"{shared / 1024:.1f}" if shared else "-", min(fits)]
 
 

@@ -135,8 +135,8 @@ def _entry_fields(rows, mask, KV_FORMAT: tl.constexpr, LATENT_DIM: tl.constexpr,
                    other=0)
     if KV_FORMAT == "fp8_ds_mla":
         codes = tl.load(rows + tl.arange(0, LATENT_DIM)[None, :], mask=mask, other=0)
-        scales = tl.load((rows + SCALE_OFFSET).to(tl.pointer_type(tl.float32)) + tl.arange(0, LATENT_DIM // 128)[None, :],
-                         mask=mask, other=0.0)
+        groups = tl.arange(0, LATENT_DIM // 128)
+        scales = tl.load((rows + SCALE_OFFSET).to(tl.pointer_type(tl.float32)) + groups[None, :], mask=mask, other=0.0)
         global_scale = tl.zeros(mask.shape, tl.float32)
     else:
         codes = tl.load(rows.to(tl.pointer_type(tl.int32)) + tl.arange(0, LATENT_DIM // 8)[None, :], mask=mask, other=0)
@@ -183,10 +183,21 @@ def _e2m1_f16(words, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def _key_f16(codes, scales, global_scale, KV_FORMAT: tl.constexpr, LATENT_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+def _e4m3_f16(codes, FP8_CVT: tl.constexpr):
+    """E4M3FN codes (uint8) as f16, exactly: the hardware conversion where Triton has the type (sm89+,
+    AMD, the interpreter), else the integer decode."""
+    if FP8_CVT:
+        return codes.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:
+        return _e4m3_decode(codes.to(tl.int32)).to(tl.float16)
+
+
+@triton.jit
+def _key_f16(codes, scales, global_scale, KV_FORMAT: tl.constexpr, LATENT_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+             FP8_CVT: tl.constexpr = True):
     """The key tile as f16 ``k`` [N, R] and a per-token factor ``column`` [N] (fp32): the dequantized
-    latent is ``k * column * key unit`` (1 for fp8_ds_mla, 2**14 for nvfp4_ds_mla). The factors go into the scores and the
-    probabilities ([heads, N] tiles), not into each of the R values of a token.
+    latent is ``k * column * key unit`` (1 for fp8_ds_mla, 2**14 for nvfp4_ds_mla). The factors go
+    into the scores and the probabilities ([heads, N] tiles), not into each of the R values of a token.
 
     - fp8_ds_mla: ``column`` = the token's largest tile scale S, and ``k = code * (scale / S)``: the
       code is exact in f16, the ratio <= 1 rounded once to f16 (2**-11: finer than bf16's 2**-8).
@@ -199,11 +210,11 @@ def _key_f16(codes, scales, global_scale, KV_FORMAT: tl.constexpr, LATENT_DIM: t
         # at least 2**-100: a tile of only zero (or subnormal-scale) tokens keeps a finite reciprocal
         column = tl.maximum(tl.max(scales, axis=1), 7.888609052210118e-31)
         ratio = (scales * (1.0 / column)[:, None]).to(tl.float16)
-        values = tl.reshape(codes.to(tl.float8e4nv, bitcast=True).to(tl.float16), (BLOCK_N, GROUPS, 128))
+        values = tl.reshape(_e4m3_f16(codes, FP8_CVT), (BLOCK_N, GROUPS, 128))
         k = tl.reshape(values * ratio[:, :, None], (BLOCK_N, LATENT_DIM))
     else:
         GROUPS: tl.constexpr = LATENT_DIM // 16
-        block_scale = scales.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        block_scale = _e4m3_f16(scales, FP8_CVT)
         values = tl.reshape(_e2m1_f16(codes, BLOCK_N, LATENT_DIM // 8), (BLOCK_N, GROUPS, 16))
         k = tl.reshape(values * block_scale[:, :, None], (BLOCK_N, LATENT_DIM))
         global_scale = tl.reshape(global_scale, (BLOCK_N,))
@@ -247,7 +258,8 @@ def _attend_quantized_tile(q, q_rope, row_scale, scale_log2, cache_ptr, table_ro
                            KV_FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, ENTRY_BYTES: tl.constexpr,
                            LATENT_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_ROPE: tl.constexpr,
                            SCALE_OFFSET: tl.constexpr, ROPE_OFFSET: tl.constexpr, GLOBAL_SCALE_OFFSET: tl.constexpr,
-                           BLOCK_N: tl.constexpr, KEY_BARRIER: tl.constexpr, PARTIAL: tl.constexpr):
+                           BLOCK_N: tl.constexpr, KEY_BARRIER: tl.constexpr, FP8_CVT: tl.constexpr,
+                           PARTIAL: tl.constexpr):
     """One BLOCK_N-token tile into the online softmax (base 2). Returns (row_max, row_sum, acc, acc_scale):
     the output so far is ``acc * acc_scale * key unit / row_sum`` (fp32 q: ``acc / row_sum``)."""
     n = tl.arange(0, BLOCK_N)
@@ -277,7 +289,7 @@ def _attend_quantized_tile(q, q_rope, row_scale, scale_log2, cache_ptr, table_ro
         column = tl.full([BLOCK_N], 1.0, tl.float32)
         tile_scale = 1.0
     else:
-        k, column = _key_f16(codes, scales, global_scale, KV_FORMAT, LATENT_DIM, BLOCK_N)
+        k, column = _key_f16(codes, scales, global_scale, KV_FORMAT, LATENT_DIM, BLOCK_N, FP8_CVT)
         if KEY_BARRIER:
             # An opaque copy: Triton would otherwise redo the dequantization above once per dot operand
             # layout (and pick the 8-bit operand layout for q); this way the f16 tile is made once and
@@ -312,7 +324,7 @@ def quantized_mla_decode_split_kernel(
     LATENT_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_ROPE: tl.constexpr,
     SCALE_GROUP: tl.constexpr, SCALE_OFFSET: tl.constexpr, ROPE_OFFSET: tl.constexpr,
     GLOBAL_SCALE_OFFSET: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    KEY_BARRIER: tl.constexpr = False,
+    KEY_BARRIER: tl.constexpr = False, FP8_CVT: tl.constexpr = True,
 ):
     """Program (request * num_splits + split, head tile): one partial (output, base-2 lse) per split,
     as ``paged_decode_attention_grid_split_kernel`` writes them (a split past the request's end
@@ -359,19 +371,21 @@ def quantized_mla_decode_split_kernel(
         row_max, row_sum, acc, acc_scale = _attend_quantized_tile(
             q, q_rope, row_scale, scale_log2, cache_ptr, table_row, token_start, token_hi, cache_block_stride,
             row_max, row_sum, acc, acc_scale, KV_FORMAT, PAGE_SIZE, ENTRY_BYTES, LATENT_DIM, ROPE_DIM, BLOCK_ROPE,
-            SCALE_OFFSET, ROPE_OFFSET, GLOBAL_SCALE_OFFSET, BLOCK_N, KEY_BARRIER, False)
+            SCALE_OFFSET, ROPE_OFFSET, GLOBAL_SCALE_OFFSET, BLOCK_N, KEY_BARRIER, FP8_CVT, False)
     for token_start in range(whole_hi, token_hi, BLOCK_N):
         row_max, row_sum, acc, acc_scale = _attend_quantized_tile(
             q, q_rope, row_scale, scale_log2, cache_ptr, table_row, token_start, token_hi, cache_block_stride,
             row_max, row_sum, acc, acc_scale, KV_FORMAT, PAGE_SIZE, ENTRY_BYTES, LATENT_DIM, ROPE_DIM, BLOCK_ROPE,
-            SCALE_OFFSET, ROPE_OFFSET, GLOBAL_SCALE_OFFSET, BLOCK_N, KEY_BARRIER, True)
+            SCALE_OFFSET, ROPE_OFFSET, GLOBAL_SCALE_OFFSET, BLOCK_N, KEY_BARRIER, FP8_CVT, True)
 
-    safe_sum = tl.where(row_sum > 0.0, row_sum, 1.0)
+    # row_sum is 0 only for a split with no tokens; a NaN (a non-finite key) stays NaN, in the output
+    # and in the lse, which the combine propagates
+    safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
     if q.dtype == tl.float32:
         out = acc / safe_sum[:, None]
     else:  # in this order: no intermediate overflows where the output itself does not
         out = acc * (1.0 / safe_sum)[:, None] * KEY_UNIT * acc_scale
-    lse = tl.where(row_sum > 0.0, row_max + tl.log2(safe_sum), float("-inf"))
+    lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
     live_heads = heads < tl.where(token_hi > token_lo, NUM_HEADS, 0)
     partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
     tl.store(partial_rows + d[None, :], out, mask=live_heads[:, None])

@@ -178,15 +178,18 @@ def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits
     tiles = quantized_tiles(kv_cache_dtype)
     block_h = _head_tile(num_heads, tiles)
     target = active_gpu_target()
+    cuda = target is not None and target.backend == "cuda"
     # The batch and the split count only size the grid and a do_not_specialize int. KEY_BARRIER (an
-    # inline PTX copy of the dequantized tile, NVIDIA only) keeps the dequantization to once per tile.
+    # inline PTX copy of the dequantized tile, NVIDIA only) keeps the dequantization to once per tile;
+    # FP8_CVT: Triton has the E4M3 type (not on NVIDIA before sm89).
     return Launch(
         grid=(batch * splits, cdiv(num_heads, block_h)),
         args=(q, kv_cache, block_table, seq_lens, partial_out, partial_lse, q.stride(0), q.stride(1),
               kv_cache.stride(0), block_table.stride(0), partial_out.stride(0), partial_out.stride(1),
               partial_lse.stride(0), float(scale) * math.log2(math.e), int(splits)),
         constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
-                        **_format_constexprs(fmt), KEY_BARRIER=target is not None and target.backend == "cuda"),
+                        **_format_constexprs(fmt), KEY_BARRIER=cuda,
+                        FP8_CVT=not cuda or target.arch >= 89),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

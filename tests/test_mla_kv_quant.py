@@ -14,9 +14,11 @@ from tritonwarm.jit.kernel import fake_launches
 from tritonwarm.jit.specialization import cpu_twin
 from tritonwarm.jit.specs import load_specs
 from tritonwarm.jit.trace import Capture
-from tritonwarm.kernels.fp4 import nvfp4_quantize_reference
+from tritonwarm.kernels.fp4 import _unpack_reference, nvfp4_quantize_reference
 from tritonwarm.kernels.mla_kv_quant import (
     _dequantized_latent,
+    _entry_fields,
+    _key_f16,
     mla_kv_dequantize_reference,
     mla_kv_quantize_reference,
     mla_kv_write_reference,
@@ -221,11 +223,63 @@ def test_the_decode_kernels_dequantization_matches_the_reference_bit_for_bit(nam
     assert (rel <= (1 / 16 if name == "fp8_ds_mla" else 0.5)).all(), rel
 
 
+@triton.jit
+def _key_tile_kernel(cache_ptr, k_ptr, column_ptr, KV_FORMAT: tl.constexpr, ENTRY_BYTES: tl.constexpr,
+                     LATENT_DIM: tl.constexpr, SCALE_OFFSET: tl.constexpr, GLOBAL_SCALE_OFFSET: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    n = tl.arange(0, BLOCK_N)
+    codes, scales, global_scale, _ = _entry_fields(cache_ptr + n[:, None].to(tl.int64) * ENTRY_BYTES,
+                                                   n[:, None] < BLOCK_N, KV_FORMAT, LATENT_DIM, SCALE_OFFSET,
+                                                   GLOBAL_SCALE_OFFSET, 0, 1, 16)
+    k, column = _key_f16(codes, scales, global_scale, KV_FORMAT, LATENT_DIM, BLOCK_N)
+    tl.store(k_ptr + n[:, None] * LATENT_DIM + tl.arange(0, LATENT_DIM)[None, :], k)
+    tl.store(column_ptr + n, column)
+
+
+_key_tile = JitKernel(_key_tile_kernel, lambda entries, k, column, fmt: Launch(
+    grid=(1,), args=(entries, k, column),
+    constexprs=dict(KV_FORMAT=fmt.name, ENTRY_BYTES=fmt.entry_bytes, LATENT_DIM=fmt.kv_lora_rank,
+                    SCALE_OFFSET=fmt.scale_offset, GLOBAL_SCALE_OFFSET=max(fmt.global_scale_offset, 0),
+                    BLOCK_N=entries.shape[0])))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_f16_key_tile_times_its_column_factor_is_the_dequantized_latent(name):
+    """The fast decode's key tile: nvfp4 ``e2m1 * block scale * 2**-14`` exactly in f16 and ``1 / global
+    scale`` per token; fp8 ``code * (scale / S)`` rounded once to f16 and S, the token's largest scale."""
+    latent = _special_latent(128)
+    fmt, entries = _write(name, latent, torch.zeros(latent.shape[0], 16))
+    entries = torch.cat([entries, torch.zeros(16 - entries.shape[0], fmt.entry_bytes, dtype=torch.uint8)])
+    k, column = torch.empty(16, 128, dtype=torch.float16), torch.empty(16)
+    _key_tile(entries.contiguous(), k, column, fmt)
+    fields = fmt.fields()
+    expected = mla_kv_dequantize_reference(entries, fmt)[:, :128]
+    if name == "nvfp4_ds_mla":
+        values = _unpack_reference(entries[:, slice(*fields["latent"])]).float()
+        block_scale = entries[:, slice(*fields["scales"])].contiguous().view(torch.float8_e4m3fn).float()
+        exact = values * block_scale.repeat_interleave(16, dim=1) * 2.0**-14
+        gs = entries[:, slice(*fields["global_scale"])].contiguous().view(torch.float32)[:, 0]
+        # f16 holds every product. (A non-finite token's scale code 0x7F is NaN on a GPU; Triton's
+        # interpreter decodes E4M3 0x7F as 480. Its 1 / NaN global scale makes the token NaN either way.)
+        assert torch.equal(k.float()[~gs.isnan()], exact[~gs.isnan()])
+        torch.testing.assert_close(column, torch.where(gs == 0, 0.0, 1.0 / torch.where(gs == 0, 1.0, gs)),
+                                   rtol=2**-22, atol=0, equal_nan=True)
+        dequantized = k.float() * (column[:, None] * 16384.0)
+    else:
+        dequantized = k.float() * column[:, None]
+    assert torch.equal(dequantized.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    row_amax = expected.nan_to_num(0).abs().amax(dim=1, keepdim=True)
+    bound = (2.0**-10 if name == "fp8_ds_mla" else 2.0**-20) * row_amax
+    assert ((dequantized - expected).abs() <= bound)[finite].all()
+    assert not dequantized[-1].any()  # the zero entry
+
+
 # --------------------------------------------------------------------------- decode attention
 
 # The reference attends over the same dequantized keys (rounded to q's dtype, as the kernel rounds
 # its tile); what remains is summation order, and bf16 probabilities into the value dot.
-TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 4e-3}
 
 
 def _filled_cache(name, lengths, block_size=16, rank=128, rope=16, seed=0):
@@ -249,10 +303,12 @@ def _filled_cache(name, lengths, block_size=16, rank=128, rope=16, seed=0):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dtype):
+@pytest.mark.parametrize("dtype, block_size", [(torch.float32, 16), (torch.bfloat16, 16), (torch.bfloat16, 8),
+                                               (torch.float16, 16)])
+def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dtype, block_size):
+    """16-token pages hold whole tiles (one block id a tile); 8-token pages make a tile span pages."""
     lengths = [0, 5, 37]  # an empty request, one partial tile, several tiles over three blocks
-    fmt, cache, table = _filled_cache(name, lengths)
+    fmt, cache, table = _filled_cache(name, lengths, block_size=block_size)
     q = torch.randn(len(lengths), 4, fmt.key_dim).to(dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
@@ -260,9 +316,42 @@ def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dt
     assert out.dtype == dtype and out.shape == (3, 4, 128)
     torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert not out[0].any()
-    metadata = quantized_mla_decode_metadata(seq_lens, table, 4, 16, name)
+    metadata = quantized_mla_decode_metadata(seq_lens, table, 4, block_size, name)
     assert metadata[0] is None and metadata[1].shape == (4,)
     assert torch.equal(quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, 128, metadata), out)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_attention_over_heads_of_any_magnitude_and_zeroed_slots(name):
+    """bf16 q runs as f16 scaled per head by a power of two: heads from 2**-60 to 2**20 keep their
+    accuracy; a request over a never-written block (all-zero entries: zero keys) matches too."""
+    fmt, cache, table = _filled_cache(name, [20, 30], seed=3)
+    zero_block = cache.shape[0] - 1  # _filled_cache leaves two blocks unused
+    assert not cache[zero_block].any()
+    table = torch.cat([table, torch.full((1, table.shape[1]), zero_block, dtype=torch.int32)])
+    table[2, 0] = table[0, 0]  # its first block written, the next one all zeros
+    seq_lens = torch.tensor([20, 30, 32], dtype=torch.int32)
+    q = torch.randn(3, 4, fmt.key_dim) * torch.tensor([2.0**-60, 1.0, 2.0**20, 2.0**-8])[None, :, None]
+    q = q.to(torch.bfloat16)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    torch.testing.assert_close(out, expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_non_finite_token_makes_its_request_nan_and_no_other(name, dtype):
+    fmt, cache, table = _filled_cache(name, [9, 9], seed=5)
+    latent = torch.randn(1, 128)
+    latent[0, 3] = float("inf")
+    slot = int(table[1, 0]) * 16 + 4
+    mla_kv_cache_write(cache, torch.tensor([slot]), latent, torch.randn(1, 16), name)
+    q = torch.randn(2, 4, fmt.key_dim).to(dtype)
+    seq_lens = torch.tensor([9, 9], dtype=torch.int32)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    assert out[1].isnan().all() and expected[1].isnan().all()
+    torch.testing.assert_close(out[0], expected[0], atol=TOL[dtype], rtol=TOL[dtype])
 
 
 def test_bad_inputs_are_named():

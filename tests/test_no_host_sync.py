@@ -122,7 +122,8 @@ def _cases():
             for f in L.QUANTIZED_DS_MLA_FORMATS],
         "moe_topk_routing": lambda: (
             L.moe_topk_routing(_t(4, 64), 6),
-            L.moe_topk_routing(_t(4, 256, dtype=torch.float32), 8, "sigmoid", True, 8, 4, _t(256, dtype=torch.float32))),
+            L.moe_topk_routing(_t(4, 256, dtype=torch.float32), 8, "sigmoid", True, 8, 4,
+                               _t(256, dtype=torch.float32))),
         "moe_align_block_size": lambda: [L.moe_align_block_size(_t(t, 6, dtype=i32), 64, 16) for t in (1, 4096)],
         "fused_moe": lambda: L.fused_moe(_t(4, 256), w_gate_up, w_down, route_w, route_ids),
         "fused_moe_mxfp4": lambda: L.fused_moe_mxfp4(_t(4, 256), fp4_up, _t(8, 256, 8, dtype=torch.uint8), fp4_down,
