@@ -146,22 +146,6 @@ def _entry_fields(rows, mask, KV_FORMAT: tl.constexpr, LATENT_DIM: tl.constexpr,
 
 
 @triton.jit
-def _e2m1_pair_f16(words, SHIFT: tl.constexpr):
-    """f16x2 bits (int32) of ``value * 2**-14`` of the two E2M1 codes at bits SHIFT..SHIFT+3 of each
-    16-bit half of ``words``: magnitude bits to the f16 exponent's low bits and the mantissa's top
-    bit (code 1, 0.5, lands on the f16 subnormal 2**-15), sign to bit 15. Exact for every code."""
-    if SHIFT <= 9:
-        magnitude = (words << (9 - SHIFT)) & 0x0E000E00
-    else:
-        magnitude = (words >> (SHIFT - 9)) & 0x0E000E00
-    if SHIFT < 12:
-        sign = (words << (12 - SHIFT)) & -0x7FFF8000  # 0x80008000
-    else:
-        sign = words & -0x7FFF8000
-    return magnitude | sign
-
-
-@triton.jit
 def _f16_halves(pairs):
     low = pairs.to(tl.int16).to(tl.float16, bitcast=True)
     high = (pairs >> 16).to(tl.int16).to(tl.float16, bitcast=True)
@@ -170,16 +154,35 @@ def _f16_halves(pairs):
 
 @triton.jit
 def _e2m1_f16(words, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """[N, WORDS] int32 of E2M1 codes -> [N, 8 * WORDS] f16 of ``value * 2**-14`` in code order.
-    Bit operations on whole words (8 codes at a time), each 16-bit half of a result one f16."""
-    c0, c4 = _f16_halves(_e2m1_pair_f16(words, 0))  # codes 0 and 4 of each word
-    c1, c5 = _f16_halves(_e2m1_pair_f16(words, 4))
-    c2, c6 = _f16_halves(_e2m1_pair_f16(words, 8))
-    c3, c7 = _f16_halves(_e2m1_pair_f16(words, 12))
-    # join's new axis is the fastest: code 4a + 2b + c of a word lands at [a, b, c]
-    even = tl.join(tl.join(c0, c4), tl.join(c2, c6))
-    odd = tl.join(tl.join(c1, c5), tl.join(c3, c7))
-    return tl.reshape(tl.join(even, odd), (BLOCK_N, WORDS * 8))
+    """[N, WORDS] int32 of E2M1 codes (code k of a word in bits 4k..4k+3) -> [N, 8 * WORDS] f16 of
+    ``value * 2**-14``, exactly, in *paired* order: position j of each word's 8 holds code
+    ``PAIRED[j] = j // 2 + 4 * (j % 2)`` (0, 4, 1, 5, 2, 6, 3, 7).
+
+    Each f16's bits are the code's high byte: magnitude bits into the exponent's low bits and the
+    mantissa's top bit (code 1, 0.5, lands on the f16 subnormal 2**-15), sign into bit 15. Bit
+    operations on whole words: ``even``'s bytes are those high bytes for codes 0, 2, 4, 6, ``odd``'s
+    for 1, 3, 5, 7, and masking alternate bytes of either gives two f16 at once. Codes k and k + 4
+    share a register, hence the order: any other costs a byte shuffle per pair. The caller reads q's
+    latent and writes the output in the same order."""
+    even = ((words << 1) & 0x0E0E0E0E) | ((words << 4) & -0x7F7F7F80)  # 0x80808080
+    odd = ((words >> 3) & 0x0E0E0E0E) | (words & -0x7F7F7F80)
+    c0, c4 = _f16_halves((even << 8) & -0xFF0100)  # 0xFF00FF00
+    c2, c6 = _f16_halves(even & -0xFF0100)
+    c1, c5 = _f16_halves((odd << 8) & -0xFF0100)
+    c3, c7 = _f16_halves(odd & -0xFF0100)
+    low = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [c0, c1, c2, c3]: join's new axis is the fastest
+    high = tl.join(tl.join(c4, c6), tl.join(c5, c7))
+    return tl.reshape(tl.join(low, high), (BLOCK_N, WORDS * 8))
+
+
+@triton.jit
+def _latent_order(LATENT_DIM: tl.constexpr, PAIRED: tl.constexpr):
+    """The latent dimension held at each position of a key tile: natural, or ``_e2m1_f16``'s paired order."""
+    j = tl.arange(0, LATENT_DIM)
+    if PAIRED:
+        return (j & ~7) | ((j >> 1) & 3) | ((j & 1) << 2)
+    else:
+        return j
 
 
 @triton.jit
@@ -203,7 +206,7 @@ def _key_f16(codes, scales, global_scale, KV_FORMAT: tl.constexpr, LATENT_DIM: t
       code is exact in f16, the ratio <= 1 rounded once to f16 (2**-11: finer than bf16's 2**-8).
     - nvfp4_ds_mla: ``column = 1 / global scale`` (0 for the zero entry), and ``k = e2m1 * scale *
       2**-14`` exactly: two minifloats' product has 6 significant bits, and the 2**-14 keeps every
-      product (down to 2**-24) inside f16.
+      product (down to 2**-24) inside f16. Its columns are in ``_e2m1_f16``'s paired order.
     """
     if KV_FORMAT == "fp8_ds_mla":
         GROUPS: tl.constexpr = LATENT_DIM // 128
@@ -340,7 +343,6 @@ def quantized_mla_decode_split_kernel(
     split = slot % num_splits
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = heads < NUM_HEADS
-    d = tl.arange(0, LATENT_DIM)
     r = tl.arange(0, BLOCK_ROPE)
 
     seq_len = tl.load(seq_lens_ptr + request)
@@ -348,8 +350,11 @@ def quantized_mla_decode_split_kernel(
     token_lo = tl.minimum(split * tiles_per_split * BLOCK_N, seq_len)
     token_hi = tl.minimum(token_lo + tiles_per_split * BLOCK_N, seq_len)
 
+    # the latent dimension at each column of the key tile (nvfp4's f16 tile is in paired order):
+    # q is read, and the output written, in that order
+    latent = _latent_order(LATENT_DIM, KV_FORMAT == "nvfp4_ds_mla" and q_ptr.dtype.element_ty != tl.float32)
     q_rows = q_ptr + request * q_batch_stride + heads[:, None] * q_head_stride
-    q = tl.load(q_rows + d[None, :], mask=head_mask[:, None], other=0.0)
+    q = tl.load(q_rows + latent[None, :], mask=head_mask[:, None], other=0.0)
     q_rope = tl.load(q_rows + LATENT_DIM + r[None, :], mask=head_mask[:, None] & (r[None, :] < ROPE_DIM), other=0.0)
     KEY_UNIT: tl.constexpr = 1.0 if KV_FORMAT == "fp8_ds_mla" else 16384.0  # see _key_f16
     row_scale = tl.full([BLOCK_H], KEY_UNIT, tl.float32)
@@ -388,7 +393,7 @@ def quantized_mla_decode_split_kernel(
     lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
     live_heads = heads < tl.where(token_hi > token_lo, NUM_HEADS, 0)
     partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
-    tl.store(partial_rows + d[None, :], out, mask=live_heads[:, None])
+    tl.store(partial_rows + latent[None, :], out, mask=live_heads[:, None])
     tl.store(partial_lse_ptr + slot * lse_split_stride + heads, lse, mask=head_mask)
 
 
@@ -491,12 +496,15 @@ def mla_kv_write_reference(kv_cache: torch.Tensor, fmt, slots: torch.Tensor, lat
     kv_cache[slots[keep] // block_size, slots[keep] % block_size, 0] = entries[keep]
 
 
-def quantized_mla_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, fmt):
+def quantized_mla_decode_attention_reference(q, kv_cache, block_table, seq_lens, scale, fmt, round_keys=True):
     """Plain softmax attention over the dequantized cache: each token's ``[latent | rope]`` from
-    ``mla_kv_dequantize_reference``, rounded to q's dtype as the kernel rounds its key tile, then
-    fp32 math. The value is the dequantized latent. Returns ``[batch, heads, R]`` in q's dtype."""
+    ``mla_kv_dequantize_reference``, rounded to q's dtype as a cache of that dtype would hold it
+    (``round_keys=False``: the dequantized values as they are), then fp32 math. The value is the
+    dequantized latent. Returns ``[batch, heads, R]`` in q's dtype."""
     num_blocks, block_size = kv_cache.shape[:2]
-    keys = mla_kv_dequantize_reference(kv_cache[:, :, 0], fmt).to(q.dtype).float()  # [blocks, bs, R + P]
+    keys = mla_kv_dequantize_reference(kv_cache[:, :, 0], fmt)  # [blocks, bs, R + P]
+    if round_keys:
+        keys = keys.to(q.dtype).float()
     batch, num_heads, _ = q.shape
     out = torch.zeros(batch, num_heads, fmt.kv_lora_rank, dtype=torch.float32, device=q.device)
     for request in range(batch):

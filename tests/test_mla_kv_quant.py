@@ -245,8 +245,9 @@ _key_tile = JitKernel(_key_tile_kernel, lambda entries, k, column, fmt: Launch(
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_the_f16_key_tile_times_its_column_factor_is_the_dequantized_latent(name):
-    """The fast decode's key tile: nvfp4 ``e2m1 * block scale * 2**-14`` exactly in f16 and ``1 / global
-    scale`` per token; fp8 ``code * (scale / S)`` rounded once to f16 and S, the token's largest scale."""
+    """The fast decode's key tile: nvfp4 ``e2m1 * block scale * 2**-14`` exactly in f16 (in paired
+    order: codes 0, 4, 1, 5, 2, 6, 3, 7 of each 8) and ``1 / global scale`` per token; fp8 ``code *
+    (scale / S)`` rounded once to f16 and S, the token's largest scale."""
     latent = _special_latent(128)
     fmt, entries = _write(name, latent, torch.zeros(latent.shape[0], 16))
     entries = torch.cat([entries, torch.zeros(16 - entries.shape[0], fmt.entry_bytes, dtype=torch.uint8)])
@@ -261,10 +262,13 @@ def test_the_f16_key_tile_times_its_column_factor_is_the_dequantized_latent(name
         gs = entries[:, slice(*fields["global_scale"])].contiguous().view(torch.float32)[:, 0]
         # f16 holds every product. (A non-finite token's scale code 0x7F is NaN on a GPU; Triton's
         # interpreter decodes E4M3 0x7F as 480. Its 1 / NaN global scale makes the token NaN either way.)
-        assert torch.equal(k.float()[~gs.isnan()], exact[~gs.isnan()])
+        j = torch.arange(128)
+        paired = (j & ~7) | ((j >> 1) & 3) | ((j & 1) << 2)  # the latent dimension at each column
+        assert torch.equal(k.float()[~gs.isnan()], exact[:, paired][~gs.isnan()])
         torch.testing.assert_close(column, torch.where(gs == 0, 0.0, 1.0 / torch.where(gs == 0, 1.0, gs)),
                                    rtol=2**-22, atol=0, equal_nan=True)
-        dequantized = k.float() * (column[:, None] * 16384.0)
+        dequantized = torch.empty(16, 128)
+        dequantized[:, paired] = k.float() * (column[:, None] * 16384.0)
     else:
         dequantized = k.float() * column[:, None]
     assert torch.equal(dequantized.isnan(), expected.isnan())
@@ -277,8 +281,8 @@ def test_the_f16_key_tile_times_its_column_factor_is_the_dequantized_latent(name
 
 # --------------------------------------------------------------------------- decode attention
 
-# The reference attends over the same dequantized keys (rounded to q's dtype, as the kernel rounds
-# its tile); what remains is summation order, and bf16 probabilities into the value dot.
+# The reference attends over the same dequantized keys, unrounded; what remains is summation order, q
+# and the probabilities as f16 into the MMAs (bf16 q: exactly), and the output's rounding.
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 4e-3}
 
 
@@ -312,13 +316,24 @@ def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dt
     q = torch.randn(len(lengths), 4, fmt.key_dim).to(dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
-    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
     assert out.dtype == dtype and out.shape == (3, 4, 128)
     torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert not out[0].any()
     metadata = quantized_mla_decode_metadata(seq_lens, table, 4, block_size, name)
     assert metadata[0] is None and metadata[1].shape == (4,)
     assert torch.equal(quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, 128, metadata), out)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_attention_at_deepseek_geometry(name):
+    """512 + 64 on 64-token pages: four fp8 scale tiles a token, 64 nvfp4 code words in paired order."""
+    fmt, cache, table = _filled_cache(name, [70, 3], block_size=64, rank=512, rope=64, seed=11)
+    q = torch.randn(2, 16, fmt.key_dim).to(torch.bfloat16)
+    seq_lens = torch.tensor([70, 3], dtype=torch.int32)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.07, name, 512)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.07, fmt, round_keys=False)
+    torch.testing.assert_close(out, expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -334,7 +349,7 @@ def test_decode_attention_over_heads_of_any_magnitude_and_zeroed_slots(name):
     q = torch.randn(3, 4, fmt.key_dim) * torch.tensor([2.0**-60, 1.0, 2.0**20, 2.0**-8])[None, :, None]
     q = q.to(torch.bfloat16)
     out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
-    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
     torch.testing.assert_close(out, expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
 
 
@@ -349,7 +364,7 @@ def test_a_non_finite_token_makes_its_request_nan_and_no_other(name, dtype):
     q = torch.randn(2, 4, fmt.key_dim).to(dtype)
     seq_lens = torch.tensor([9, 9], dtype=torch.int32)
     out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
-    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
     assert out[1].isnan().all() and expected[1].isnan().all()
     torch.testing.assert_close(out[0], expected[0], atol=TOL[dtype], rtol=TOL[dtype])
 
