@@ -187,7 +187,10 @@ def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits
         args=(q, kv_cache, block_table, seq_lens, partial_out, partial_lse, q.stride(0), q.stride(1),
               kv_cache.stride(0), block_table.stride(0), partial_out.stride(0), partial_out.stride(1),
               partial_lse.stride(0), float(scale) * math.log2(math.e), int(splits)),
-        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
+        # fp32 q (exact fp32 keys: a checking path, not a serving one) keeps its tile to 16 tokens,
+        # which fits in registers
+        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h,
+                        BLOCK_N=MIN_BLOCK if q.dtype == torch.float32 else tiles.block_n,
                         **_format_constexprs(fmt), KEY_BARRIER=cuda,
                         FP8_CVT=not cuda or target.arch >= 89),
         num_warps=tiles.num_warps,

@@ -492,6 +492,42 @@ def test_spec_rows_warm_the_keys_real_tensors_get(target_name):
     assert rows >= 10
 
 
+# --------------------------------------------------------------------------- declared tiles
+
+
+def test_the_shipped_tile_table_parses_and_names_a_bad_entry():
+    from tritonwarm.launchers.mla_kv_quant import TILES_FILE, load_quantized_tiles, parse_quantized_tiles
+
+    table = load_quantized_tiles()
+    assert {"default", "cuda", "cuda:90", "hip"} <= set(table)
+    assert all(set(entry) == set(QUANTIZED_DS_MLA_FORMATS) for entry in table.values())
+    import json
+
+    data = json.loads(TILES_FILE.read_text())
+    data["cuda:90"]["nvfp4_ds_mla"]["block_n"] = 48
+    with pytest.raises(ValueError, match=r"cuda:90\.nvfp4_ds_mla\.block_n: invalid value 48"):
+        parse_quantized_tiles(data, "t.json")
+    data["cuda:90"]["nvfp4_ds_mla"]["block_n"] = 64
+    del data["hip"]["fp8_ds_mla"]
+    with pytest.raises(ValueError, match="hip: needs exactly the formats"):
+        parse_quantized_tiles(data, "t.json")
+
+
+@pytest.mark.parametrize("target_name, block_n, barrier, fp8_cvt", [
+    ("sm90", 64, True, True), ("sm80", 32, True, False), ("sm120", 32, True, True), ("gfx942", 16, False, True)])
+def test_each_target_launches_its_declared_tiles(target_name, block_n, barrier, fp8_cvt):
+    """The sm90 entry, NVIDIA's backend entry (E4M3 by integer ops before sm89), AMD's; the opaque
+    copy of the key tile is NVIDIA's only."""
+    from tritonwarm.jit import fake_tensor, trace_call
+
+    args = (fake_tensor((8, 16, 576), torch.bfloat16), fake_tensor((4096, 64, 1, 432), torch.uint8),
+            fake_tensor((8, 2048), torch.int32), fake_tensor((8,), torch.int32), 0.07, "nvfp4_ds_mla", 512)
+    variants = trace_call(TARGETS[target_name], quantized_mla_decode_attention, *args)
+    [split] = [v for v in variants if "split" in v.kernel]
+    assert (split.args["BLOCK_N"], split.args["KEY_BARRIER"], split.args["FP8_CVT"]) == \
+        (f"={block_n}", f"={barrier}", f"={fp8_cvt}")
+
+
 # --------------------------------------------------------------------------- benchmark
 
 
@@ -508,7 +544,7 @@ def test_gpu_all_runs_the_kv_formats_step(tmp_path):
     proc = subprocess.run(["bash", str(BENCH / "gpu_all.sh"), str(tmp_path / "out"), "kvformats"],
                           env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "== kvformats: exit 0" in proc.stdout, proc.stdout + proc.stderr
-    assert "bench/kv_formats.py --json" in (tmp_path / "out" / "kvformats.log").read_text()
+    assert "bench/kv_formats.py --tiles 3 --budget 90 --json" in (tmp_path / "out" / "kvformats.log").read_text()
     assert "kvformats" in (BENCH / "gpu_all.sh").read_text().split("steps=(env", 1)[1].split(")", 1)[0]
 
 
@@ -519,11 +555,13 @@ def test_the_benchmark_runs_each_format_on_the_cpu():
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(BENCH / "kv_formats.py")], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, str(BENCH / "kv_formats.py"), "--tiles", "2"], capture_output=True,
+                          text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("auto", "fp8_ds_mla", "nvfp4_ds_mla"):
         assert f"{name}: decode and write ran on the CPU" in proc.stdout
+    assert "tile candidates: 4 ran on the CPU (interpreter) and matched the shipped settings, 0 failed" in proc.stdout
 
 
 @pytest.mark.slow

@@ -181,3 +181,21 @@ def test_the_stand_in_catches_each_kind_of_host_read(read, words):
     """The mode is what fails the test above: it must see every way host code reads a device tensor."""
     with RefuseHostSync(), pytest.raises(HostSync, match=words):
         read(_t(3, dtype=torch.float32))
+
+
+@pytest.mark.slow
+def test_the_host_floor_benchmark_runs_every_launcher_on_the_cpu():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(bench / "host_floor.py"), "--calls", "3"], capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FAILED" not in proc.stdout
+    for name in _public_launchers():
+        assert f"| {name} " in proc.stdout, name
