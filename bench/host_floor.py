@@ -155,6 +155,7 @@ def main() -> None:
                 continue
             floor = None if kernel is None else max(0.0, host - kernel)
             figures["cases"][name] = {"host_us": host, "kernel_us": kernel, "floor_us": floor}
+            print(f"{name}: host {host:.1f} µs" + ("" if kernel is None else f", kernel {kernel:.1f} µs"), flush=True)
             verdict = "-" if floor is None else ("ok" if floor <= GOAL_US else f"over {GOAL_US:g} µs")
             rows.append([name, f"{host:.1f}", "-" if kernel is None else f"{kernel:.1f}",
                          "-" if floor is None else f"{floor:.1f}", verdict])
