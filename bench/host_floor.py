@@ -124,8 +124,7 @@ def graph_us(fn) -> float:
 @contextlib.contextmanager
 def recorded_launches():
     """Kernels recorded, not run, under the sm90 target-only driver (the CPU mode)."""
-    from tritonwarm.jit import TARGETS, target_driver
-    from tritonwarm.jit.kernel import JitKernel
+    from tritonwarm.jit import TARGETS, JitKernel, target_driver
 
     launch, memo = JitKernel.launch, JitKernel._memoized_call
     JitKernel.launch = lambda self, spec: None

@@ -325,6 +325,7 @@ def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dt
     assert torch.equal(quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, 128, metadata), out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FORMATS)
 def test_decode_attention_at_deepseek_geometry(name):
     """512 + 64 on 64-token pages: four fp8 scale tiles a token, 64 nvfp4 code words in paired order."""

@@ -18,8 +18,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from tritonwarm import launchers as L
-from tritonwarm.jit import TARGETS, target_driver
-from tritonwarm.jit.kernel import JitKernel
+from tritonwarm.jit import TARGETS, JitKernel, target_driver
 
 DEV = "meta"
 aten = torch.ops.aten
