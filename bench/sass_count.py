@@ -26,6 +26,16 @@ The paged decode attention split kernels as the declared settings of the target 
 (DeepSeek-V2-Lite MLA on 64-token pages, Llama-8B GQA on 16-token pages): the token loop's
 instructions per iteration (one BLOCK_N tile, per warp), warp-instructions per token of the tile, its
 global loads (LDG, and LDGSTS: cp.async into shared memory), MMAs, registers and spills.
+
+    python bench/sass_count.py --mla [--target sm90]
+
+MLA decode's split kernel per KV cache format (bf16 ``auto``, ``fp8_ds_mla``, ``nvfp4_ds_mla``; 16
+heads, 512 + 64, 64-token pages, each format's declared tiles): per BLOCK_N tile of the token loop,
+the 128-bit loads of the cache (LDG.128 and cp.async LDGSTS.128 warp-instructions, all warps)
+against byte loads, the dequantization instructions a thread issues (conversions, packed-half math,
+bit operations) per cache byte read, the MMAs (HMMA / HGMMA, all warps), warp-instructions per
+token, registers, spills, the raw cache bytes one pipeline stage holds, shared memory and the
+programs per SM the two allow.
 """
 
 from __future__ import annotations
@@ -238,6 +248,76 @@ def moe_rows(target_name: str, tiles=MOE_TILES, formats=("bf16", "mxfp4", "nvfp4
                          sum(op.startswith("PRMT") for op in loop), sum(op.startswith("HMUL2") for op in loop),
                          " ".join(f"{sum(o == op for o in loop)}x {op}" for op in mmas),
                          usage.get("registers", "-"), usage.get("local", "-"), f"{shared / 1024:.0f}", programs])
+
+
+MLA_HEADER = ["format", "BLOCK_N", "warps", "stages", "loop instr", "warp-instr/token", "128-bit loads/tile",
+              "byte loads/tile", "dequant instr/byte", "MMA/tile", "regs", "spill B", "stage KB", "shared KB",
+              "CTAs/SM"]
+# Opcodes that turn stored codes into MMA operands: conversions, packed half math, bit operations.
+DEQUANT_OPCODES = ("F2FP", "F2F.", "HADD2", "HMUL2", "HFMA2", "LOP3", "SHF", "IMAD.SHL", "PRMT", "I2F", "SGXT")
+SM_LIMITS = {"shared": 233472, "registers": 65536, "threads": 2048}  # per SM, sm90 (H100 / H200)
+
+
+def _mla_format_calls(batch: int = 64):
+    """(format, bytes read per token, launcher, args) for the three MLA caches at DeepSeek-V2-Lite geometry."""
+    import torch
+    from tritonwarm.jit import fake_tensor
+    from tritonwarm.launchers import KVCacheLayout, kv_format, paged_decode_attention, quantized_mla_decode_attention
+
+    q, table_, lens = (fake_tensor((batch, 16, 576), torch.bfloat16), fake_tensor((batch, 2048), torch.int32),
+                       fake_tensor((batch,), torch.int32))
+    layout = KVCacheLayout.mla(4096, 64, 512, 64)
+    calls = [("auto", 1152, paged_decode_attention, (q, fake_tensor(layout.shape, torch.bfloat16), table_, lens, 0.08,
+                                                      None, 512))]
+    for name in ("fp8_ds_mla", "nvfp4_ds_mla"):
+        fmt = kv_format(name)
+        cache = fake_tensor((4096, 64, 1, fmt.entry_bytes), torch.uint8)
+        calls.append((name, fmt.payload_bytes, quantized_mla_decode_attention,
+                      (q, cache, table_, lens, 0.08, name, 512)))
+    return calls
+
+
+def mla_row(name: str, token_bytes: int, sass_text: str, usage: dict, block_n: int, warps: int, stages: int) -> list:
+    """One table row from a compiled split kernel's SASS and resource usage."""
+    loop = token_loop(sass_text)
+    wide = sum(op.startswith(("LDG.E.128", "LDGSTS.E.128", "LDGSTS.E.BYPASS.128")) for op in loop) * warps
+    narrow = sum(op.startswith(("LDG", "LDS")) and op.split(".")[-1] in ("U8", "S8") for op in loop) * warps
+    dequant = sum(op.startswith(DEQUANT_OPCODES) for op in loop) * warps
+    mma = sum("MMA" in op for op in loop) * warps
+    regs, shared = usage.get("registers"), usage.get("shared")
+    fits = [SM_LIMITS["threads"] // (32 * warps)]
+    if shared:
+        fits.append(SM_LIMITS["shared"] // shared)
+    if regs:
+        fits.append(SM_LIMITS["registers"] // (regs * 32 * warps))
+    return [name, block_n, warps, stages, len(loop), f"{len(loop) * warps / block_n:.1f}", wide, narrow,
+            f"{32 * dequant / (block_n * token_bytes):.2f}", mma, regs if regs is not None else "-",
+            usage.get("local", "-"),
+            f"{block_n * token_bytes / 1024:.1f}", f"{shared / 1024:.1f}" if shared else "-", min(fits)]
+
+
+def mla_rows(target_name: str) -> list[list]:
+    """One row per MLA cache format: the split kernel its declared settings launch on ``target_name``."""
+    from tritonwarm.jit import trace_call
+    from tritonwarm.jit.core.targets import resolve_target
+    from tritonwarm.jit.pipeline.compile import compile_variant
+    from tritonwarm.jit.pipeline.resources import resource_usage, sass
+
+    target = resolve_target(target_name)
+    rows = []
+    for name, token_bytes, launcher, args in _mla_format_calls():
+        try:
+            [variant] = [v for v in trace_call(target, launcher, *args) if "split" in v.kernel]
+            with tempfile.TemporaryDirectory() as cache:
+                compiled = compile_variant(variant, target, cache)
+                cubin = Path(cache) / "k.cubin"
+                cubin.write_bytes(compiled.asm["cubin"])
+                usage = resource_usage(target, {"k.cubin": str(cubin)}) or {}
+                usage["shared"] = compiled.metadata.shared or usage.get("shared")
+                rows.append(mla_row(name, token_bytes, sass(cubin), usage, int(variant.args["BLOCK_N"].lstrip("=")),
+                                    variant.num_warps, variant.num_stages))
+        except Exception as e:  # noqa: BLE001 - one line, go on
+            rows.append([name, f"failed: {one_line(e, 80)}", *["-"] * (len(MLA_HEADER) - 2)])
     return rows
 
 
@@ -269,6 +349,8 @@ def main() -> None:
     p.add_argument("--attention", action="store_true",
                    help="the paged decode attention split kernels' token loop instead of fp4 quantize")
     p.add_argument("--moe", action="store_true", help="the fused MoE GEMM's K loop per weight format and tile")
+    p.add_argument("--mla", action="store_true",
+                   help="MLA decode's token loop per KV cache format (bf16, fp8_ds_mla, nvfp4_ds_mla)")
     args = p.parse_args()
     from tritonwarm.jit.core.targets import resolve_target
 
@@ -281,6 +363,11 @@ def main() -> None:
         table(f"SASS of the fused MoE gate/up K loop ({args.target}, Triton {triton.__version__}, 64 experts, "
               "2048/1408, offline)", MOE_HEADER, moe_rows(args.target),
               f"python bench/sass_count.py --moe --target {args.target}")
+        return
+    if args.mla:
+        table(f"SASS of MLA decode's token loop per KV cache format ({args.target}, Triton {triton.__version__}, "
+              "declared settings, offline; per BLOCK_N tile, all warps)", MLA_HEADER, mla_rows(args.target),
+              f"python bench/sass_count.py --mla --target {args.target}")
         return
     if args.attention:
         table(f"SASS of the paged decode attention token loop ({args.target}, Triton {triton.__version__}, "
