@@ -178,6 +178,5 @@ def _drop(library: str) -> dict[str, tuple[types.ModuleType, str | None]]:
     """Take ``library``'s modules out of ``sys.modules`` (the next import runs them again); returns
     them with the target each was imported under."""
     prefix = library + "."
-    dropped = {name: (sys.modules.pop(name), _origin.get(name))
-               for name in [n for n in sys.modules if n == library or n.startswith(prefix)]}
-    return dropped
+    return {name: (sys.modules.pop(name), _origin.get(name))
+            for name in [n for n in sys.modules if n == library or n.startswith(prefix)]}

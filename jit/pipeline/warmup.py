@@ -103,9 +103,10 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
                              "(the next warm-up removes what this one left)")
         if isinstance(outcome, BaseException):
             result.failed += 1
-            failed[variant.cache_hash] = {"kernel": variant.kernel, "rows": variant.rows[:3],
-                                          "error": describe_error(outcome)}
-            result.failures.append(f"{_rows_of(variant)}{variant.kernel} {variant.variant_id}: compile failed: "
+            if not isinstance(outcome, UnreadableEntry):  # a compile that failed: check says so, and why
+                failed[variant.cache_hash] = {"kernel": variant.kernel, "rows": variant.rows[:3],
+                                              "error": describe_error(outcome)}
+            result.failures.append(f"{_rows_of(variant)}{variant.kernel} {variant.variant_id}: "
                                    f"{describe_error(outcome)}")
             if progress:
                 progress(variant, "failed")
