@@ -842,3 +842,77 @@ def test_another_kernels_cubin_under_intact_metadata_is_refused_without_a_key(
                 rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, fused, dtype)
     assert compile_counter.count - before == 1
     assert sum("another kernel's binary" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_fleet_key_comes_from_one_variable_or_a_file_beside_the_url(tmp_path, monkeypatch):
+    from tritonwarm.jit.cache.fleet_key import FleetKeyError, fleet_key
+
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY", raising=False)
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY_FILE", raising=False)
+    assert fleet_key() is None
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    from_variable = fleet_key()
+    key_file = tmp_path / "fleet.key"
+    key_file.write_text(FLEET_KEY + "\n")
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY_FILE", str(key_file))
+    with pytest.raises(FleetKeyError, match="give the fleet key once"):
+        fleet_key()
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY")
+    from_file = fleet_key()
+    assert from_file.key_id == from_variable.key_id
+    tag = from_file.tag("ENTRY", "k.cubin", "a" * 64)
+    assert from_variable.problem(tag, "ENTRY", "k.cubin", "a" * 64) is None
+    assert "does not verify" in from_file.problem(tag, "OTHER", "k.cubin", "a" * 64)  # bound to the entry
+    assert "does not verify" in from_file.problem(tag, "ENTRY", "k.cubin", "b" * 64)  # ... and to the bytes
+    assert "no MAC" in from_file.problem(None, "ENTRY", "k.cubin", "a" * 64)
+    key_file.write_text("short")
+    with pytest.raises(FleetKeyError, match="fewer than 32"):
+        fleet_key()
+    key_file.write_text("another key of enough characters for a fleet, 0123456789")
+    assert "another fleet key" in fleet_key().problem(tag, "ENTRY", "k.cubin", "a" * 64)
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY_FILE", str(tmp_path / "absent.key"))
+    with pytest.raises(FleetKeyError, match="cannot read the fleet key"):
+        fleet_key()
+
+
+def test_a_bad_fleet_key_is_one_line_on_the_command_line_and_local_only_while_serving(
+        redis_py, tmp_path, monkeypatch, capsys, caplog):
+    from tritonwarm.jit.cache import remote
+
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", "short")
+    assert main(["check", str(spec), "--target", "sm90", "--remote", f"redis://127.0.0.1:{_free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TRITONWARM_REDIS_KEY: the fleet key has 5 characters" in err
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setenv("TRITONWARM_REDIS_URL", f"redis://127.0.0.1:{_free_port()}")
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        assert remote.fleet_cache().call(lambda store: "used") is None
+        assert remote.fleet_cache().call(lambda store: "used") is None
+    warned = [r.getMessage() for r in caplog.records if "shared Triton cache unusable" in r.getMessage()]
+    assert len(warned) == 1 and "fewer than 32" in warned[0]
+
+
+@pytest.mark.slow
+def test_tritons_remote_manager_refuses_the_swapped_cubin_with_a_fleet_key(
+        warmed, redis_server, tmp_path, monkeypatch, caplog, compile_counter, rms_norm_runtime):
+    """The same MAC check behind Triton's own RemoteCacheManager (RedisBackend)."""
+    import torch
+    from tritonwarm.jit.cache import remote
+
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    _push(redis_server, warmed)
+    a, b = sorted(warmed[2].variants.values(), key=lambda v: v.cache_hash)[:2]
+    _cubin_swapped(redis_server.client(), warmed[1], a, b)
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setattr(remote, "_forged_warned", [])
+    _uses_redis(monkeypatch, redis_server.url, *MANAGERS["triton's"])
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for fused in (False, True):
+                rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, fused, dtype)
+    assert compile_counter.count == 1
+    assert sum("fleet key" in r.getMessage() for r in caplog.records) == 1
+    report = remote.check_remote(warmed[2].variants.values(), _store(redis_server), "sm90")
+    assert report.ok and len(report.present) == 4  # what it compiled was pushed with its MAC
