@@ -549,7 +549,8 @@ def comment_for(text: str, name: str | None = None, limits: Limits = _LIMITS) ->
         published = source.tag or (image.manifest_descriptor.get("annotations") or {}).get(REF_NAME) or DEFAULT_TAG
     entries = summary(target, header).entries
     return target, signing.trusted_comment(signing.digests(target)[1], header["fingerprint"], entries,
-                                           name or published, header["targets"])
+                                           name or published, header["targets"],
+                                           "--name" if name else "the name it is published under (or --name)")
 
 
 def sign(text: str, key: signing.SecretKey, *, out: Path | None = None, name: str | None = None,

@@ -233,11 +233,12 @@ def check_name(name: str, where: str = "--name") -> str:
     return name
 
 
-def trusted_comment(archive_sha256: str, fingerprint: dict, entries: int, name: str, targets) -> str:
+def trusted_comment(archive_sha256: str, fingerprint: dict, entries: int, name: str, targets,
+                    name_from: str = "--name") -> str:
     """What tritonwarm's signatures vouch for beyond the archive's bytes (one line, tab-separated)."""
     return "\t".join([COMMENT_KIND, f"sha256:{archive_sha256}", f"fingerprint:{fingerprint_digest(fingerprint)}",
-                      f"entries:{entries}", f"name:{check_name(name)}", f"targets:{','.join(sorted(targets))}",
-                      f"timestamp:{int(time.time())}"])
+                      f"entries:{entries}", f"name:{check_name(name, name_from)}",
+                      f"targets:{','.join(sorted(targets))}", f"timestamp:{int(time.time())}"])
 
 
 def sign(path: Path, key: SecretKey, comment: str, blake: bytes | None = None) -> str:
