@@ -475,16 +475,19 @@ class RedisBackend(RemoteCacheBackend):
         found = None
         if self._remote is not None:
             found = self._remote.call(lambda store: store.read_files(self._entry, names, self._hashes))
+        from_redis = found is not None
         if found is None:
             found = self._local(names)
         for name, data in found.items():
             if name.startswith(GROUP_PREFIX):
                 children = _group_hashes(data) or {}
-                mac = self._remote.call(lambda store, n=name, d=data, c=children: store.group_mac_problem(
-                    self._entry, n, d, c)) if self._remote is not None and children else None
-                if mac:
-                    forged(self._entry, mac)
-                    return {}
+                if from_redis and children:  # verified while the store is usable, else refused (fail closed)
+                    mac = self._remote.call(lambda store, n=name, d=data, c=children: store.group_mac_problem(
+                        self._entry, n, d, c) or "")
+                    if mac is None or mac:
+                        if mac:
+                            forged(self._entry, mac)
+                        return {}
                 why = names_problem(children, name) if children else None
                 if why:
                     refused(self._entry, why)
