@@ -227,6 +227,8 @@ def _print_check(r, verbose: bool) -> None:
     if r.missing_c_launchers:
         say("  ", f"{len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
                   f"{r.c_launcher_fix}")
+    if r.driver_utilities:
+        say("  warning: ", r.driver_utilities)
     if verbose or len(r.unreachable) <= 3:
         for row in r.unreachable:
             say("  unreachable row: ", f"{row} launches no kernel")

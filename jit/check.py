@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .c_launchers import missing_c_launchers
+from .c_launchers import missing_c_launchers, unwarmable_driver_utilities
 from .cache import (
     Manifest,
     ManifestDamaged,
@@ -70,6 +70,7 @@ class CheckReport:
     reasons: list[str] = field(default_factory=list)  # why planned variants are missing, one line each
     missing_c_launchers: list[str] = field(default_factory=list)  # C modules Triton would build at first launch
     c_launcher_fix: str | None = None
+    driver_utilities: str | None = None  # a C module the server builds at its first launch, unknown here: a warning
     unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
     bypassed: str | None = None  # this runtime does not serve the folder (TRITON_ALWAYS_COMPILE, _CACHE_MANAGER)
@@ -163,6 +164,8 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
             report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     else:  # Triton looks them up through that manager, not the folder
         report.notes.append(f"C launchers not looked up: {manager[1]}")
+    if the_plan.variants and manager is None:
+        report.driver_utilities = unwarmable_driver_utilities(target, cache_dir)
     environments = manifest.environments()
     others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():

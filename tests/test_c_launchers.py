@@ -376,6 +376,52 @@ def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_de
     assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
 
 
+@pytest.mark.slow
+@needs_machine_key
+def test_an_image_build_that_cannot_key_the_driver_utilities_is_told_so_with_the_fix(tmp_path, monkeypatch, capsys):
+    """No libcuda.so.1 here and none declared (an image build): neither install nor warm-up can build the
+    ``cuda_utils`` every server builds at its first launch. `bundle install` and `check` name it, with
+    ``TRITON_LIBCUDA_PATH``; declared, install builds it and nothing is left to say."""
+    from tritonwarm.cli import main
+
+    monkeypatch.delenv("TRITON_LIBCUDA_PATH", raising=False)
+    if c_launchers.machine_utilities_call("cuda") is not None:
+        pytest.skip("Triton finds a libcuda.so.1 on this machine")
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(RMS_SPEC)
+    build, image, bundle = tmp_path / "build", tmp_path / "image", tmp_path / "warm.tar.gz"
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(build), "-j", "1"]) == 0
+    assert main(["bundle", "create", str(bundle), str(spec), "--target", "sm90", "--cache-dir", str(build)]) == 0
+    capsys.readouterr()
+    fix = "set TRITON_LIBCUDA_PATH to that folder (e.g. /usr/lib/"
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(image)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"sm90: warning: cuda_utils is not in the cache: Triton {triton_version()} builds it when the server's " \
+           "driver starts" in out and fix in out, out
+    assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(image)]) == 0  # the kernels all hit
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sm90: ok: 1 planned" in out and "warning: cuda_utils is not in the cache" in out and fix in out, out
+
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path / "nvidia-driver"))  # where the servers have it
+    caches = (c_launchers._driver_module("cuda").libcuda_dirs, c_launchers._driver_module("cuda").library_dirs)
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        assert main(["bundle", "install", str(bundle), "--cache-dir", str(image)]) == 0
+        assert "sm90: C launchers: 1 needed: 1 built" in capsys.readouterr().out
+        assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(image)]) == 0
+        assert "cuda_utils" not in capsys.readouterr().out
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
 HIP_RUNTIME_STUB = """
 int hipDriverGetVersion(int *version) { *version = 70000000; return 0; }  /* 7.0.0: what Triton requires */
 int hipGetProcAddress(const char *symbol, void **fn, int version, unsigned long flags, int *status) {
