@@ -154,9 +154,12 @@ def test_the_warmed_manager_reads_the_warmed_folder_first_and_writes_where_trito
     assert written == str(engine / entry_dir_name(other_key) / "k.cubin") and other.get_file("k.cubin") == written
     assert os.listdir(warmed) == [entry.name]  # the warmed folder is never written: it may be read-only
 
+    from tritonwarm.cli.env import cache_lines
     from tritonwarm.jit.compile import triton_reads_instead
 
     assert triton_reads_instead(warmed) is None  # check's view: Triton reads the warmed folder first
+    assert cache_lines() == [f"cache        Triton reads {warmed} (TRITONWARM_CACHE_DIR, WarmedCacheManager) first, "
+                             f"then {engine} (TRITON_CACHE_DIR), and writes what it compiles there"]  # env's view
     assert triton_reads_instead(engine) == warmed.resolve()
     monkeypatch.delenv("TRITONWARM_CACHE_DIR")  # without it: Triton's own manager, unchanged
     assert get_cache_manager(key).get_group("k.json") is None
