@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 SERVER = """
 import json
@@ -163,3 +164,51 @@ def test_the_warmed_manager_reads_the_warmed_folder_first_and_writes_where_trito
     assert triton_reads_instead(engine) == warmed.resolve()
     monkeypatch.delenv("TRITONWARM_CACHE_DIR")  # without it: Triton's own manager, unchanged
     assert get_cache_manager(key).get_group("k.json") is None
+
+
+GPU_SERVER = """
+import json
+import os
+
+import torch
+from triton.compiler import compiler
+
+compiles = 0
+make_ir = compiler.ASTSource.make_ir
+
+
+def counting_make_ir(*args, **kwargs):
+    global compiles
+    compiles += 1
+    return make_ir(*args, **kwargs)
+
+
+compiler.ASTSource.make_ir = counting_make_ir
+torch.compile(lambda x: (x * 2).sin())(torch.randn(64, device="cuda"))  # Inductor compiles its own kernel
+before = compiles
+from tritonwarm.launchers import rms_norm
+
+for dtype in (torch.float16, torch.bfloat16):
+    rms_norm(torch.randn(8, 4096, dtype=dtype, device="cuda"), torch.rand(4096, dtype=dtype, device="cuda"))
+torch.cuda.synchronize()
+print(json.dumps({"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR"), "compiles": compiles - before}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU server: torch.compile on CUDA")
+def test_on_a_gpu_inductor_moves_an_unset_folder_and_leaves_a_set_one(tmp_path, dtypes_spec_file, run_cli):
+    """On a GPU, with Inductor's real compile: the warmed kernels launched after it miss where
+    TRITON_CACHE_DIR was unset, and hit where it was set."""
+    user = user_env(os.environ, tmp_path)
+    default = tmp_path / "home" / ".triton" / "cache"
+    run_cli("warmup", dtypes_spec_file, "--target", "local", rc=0, env=user)
+
+    def server(env):
+        done = subprocess.run([sys.executable, "-c", GPU_SERVER], capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    unset = server(user)
+    assert unset["TRITON_CACHE_DIR"].startswith(str(tmp_path / "inductor")) and unset["compiles"] == 2, unset
+    assert server({**user, "TRITON_CACHE_DIR": str(default)}) == {"TRITON_CACHE_DIR": str(default), "compiles": 0}
