@@ -240,7 +240,22 @@ def cmd_install(args) -> int:
             note_where_triton_reads(cache_dir)
         for target, launcher_report in launchers.items():
             print(f"{target}: {launcher_report.summary()}")
+        for target, line in _unwarmable_utilities(cache_dir, report.targets, args, manager or report.differences):
+            wrap_print(f"{target}: warning: ", line)
     return 1 if any(r.failed for r in launchers.values()) else 0
+
+
+def _unwarmable_utilities(cache_dir, targets, args, not_here) -> list[tuple[str, str]]:
+    """``(target, warning)`` for each target whose servers will build driver utilities this machine cannot:
+    their key names where the server's driver library is, which an image build lacks. None where nothing
+    is built here anyway (``not_here``: another runtime, another cache manager)."""
+    from ..jit.core.targets import TARGETS
+    from ..jit.serving.c_launchers import unwarmable_driver_utilities
+
+    if args.no_c_launchers or not_here:
+        return []
+    found = ((name, unwarmable_driver_utilities(TARGETS[name], cache_dir)) for name in targets if name in TARGETS)
+    return [(name, line) for name, line in found if line]
 
 
 def _build_c_launchers(cache_dir, targets) -> dict:

@@ -150,25 +150,44 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
 
 def note_where_triton_reads(cache_dir) -> None:
     """Print a note when Triton in this environment reads another folder than ``cache_dir`` (its
-    ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there. Also
-    when ``cache_dir`` is Triton's default: ``torch.compile`` sets ``TRITON_CACHE_DIR`` when it is unset.
-    And when a kernel the cache lacks would fail here rather than compile (a read-only cache, no
-    overlay). Nothing when keyed for another environment (``--for``): this machine is not the server."""
+    ``TRITON_CACHE_DIR`` unset or elsewhere): serving from ``cache_dir`` needs it pointed there, with the
+    lines that do it. Also when ``cache_dir`` is Triton's default: ``torch.compile`` sets
+    ``TRITON_CACHE_DIR`` when it is unset. And when a kernel the cache lacks would fail here rather than
+    compile (a read-only cache, no overlay). Nothing when keyed for another environment (``--for``): this
+    machine is not the server."""
     from ..jit.cache.env import keyed_for_another
     from ..jit.cache.overlay import misses_fail_here
     from ..jit.cache.triton_dir import triton_reads_instead
+    from ..jit.cache.warmed import warmed_folder_in_force
 
     if keyed_for_another():
         return
     read = triton_reads_instead(cache_dir)
+    unset = os.environ.get("TRITON_CACHE_DIR") is None and warmed_folder_in_force() is None
     if read is not None:
         wrap_print("  note: ", f"Triton in this environment reads {read}: serve with TRITON_CACHE_DIR={cache_dir}")
-    elif os.environ.get("TRITON_CACHE_DIR") is None:  # read as Triton's default, until torch.compile moves it
+    elif unset:  # read as Triton's default, until torch.compile moves it
         wrap_print("  note: ", "TRITON_CACHE_DIR is unset: Triton reads this folder by default, until torch.compile "
                    f"points it at Inductor's: serve with TRITON_CACHE_DIR={cache_dir}")
+    if read is not None or unset:
+        for line in serving_env_lines(cache_dir):
+            wrap_print("    ", line)
     fails = misses_fail_here(cache_dir)
     if fails:
         wrap_print("  note: ", fails)
+
+
+def serving_env_lines(cache_dir) -> list[str]:
+    """The lines that put ``cache_dir`` where a server's Triton reads, ready to paste: a Dockerfile's,
+    a systemd unit's, and for an engine that sets ``TRITON_CACHE_DIR`` itself (SGLang) the cache manager
+    that reads the folder first whatever it says."""
+    from ..jit.cache.warmed import MANAGER, WARMED_ENV
+
+    folder = str(cache_dir)
+    quoted = f'"{folder}"' if any(c.isspace() or c in "\"'$\\" for c in folder) else folder
+    return [f"Dockerfile: ENV TRITON_CACHE_DIR={quoted}",
+            f'systemd unit: Environment="TRITON_CACHE_DIR={folder}"',
+            f"SGLang, which sets TRITON_CACHE_DIR itself: ENV TRITON_CACHE_MANAGER={MANAGER} {WARMED_ENV}={quoted}"]
 
 
 MAX_LINE = 200  # no line of default output is longer: a person reads it in a terminal

@@ -105,11 +105,16 @@ def cache_lines() -> list[str]:
     from triton import knobs
 
     from ..jit.cache.overlay import OVERLAY_ENV, misses_fail_here, overlay_in_force
+    from ..jit.cache.warmed import WARMED_ENV, warmed_folder_in_force
 
     read = Path(knobs.cache.dir).expanduser().absolute()
     why = "TRITON_CACHE_DIR" if os.environ.get("TRITON_CACHE_DIR") else "its default: TRITON_CACHE_DIR is unset"
     overlay = overlay_in_force()
     writes = f"writes what it compiles to {overlay} ({OVERLAY_ENV})" if overlay else "writes what it compiles there"
+    warmed = warmed_folder_in_force()
+    if warmed is not None:  # WarmedCacheManager: the warmed folder first, whatever TRITON_CACHE_DIR says
+        return [f"cache        Triton reads {warmed} ({WARMED_ENV}, WarmedCacheManager) first, then {read} ({why}), "
+                "and writes what it compiles there"]
     fails = misses_fail_here(read)
     return [f"cache        Triton reads {read} ({why}) and {writes}"] + ([f"WARNING      {fails}"] if fails else [])
 

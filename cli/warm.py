@@ -59,6 +59,10 @@ def add_parsers(sub) -> None:
     c.add_argument("--same-machine", action="store_true",
                    help="a copy of a cache served on this machine, beside the folder it was copied from: entries "
                         "whose files are read from that folder are a note, not a problem")
+    c.add_argument("--plain", action="store_true",
+                   help="also ask Triton alone: a Python process that imports no tritonwarm module but the kernels' "
+                        "rebuilds each planned variant's compile request from the cache's records and counts "
+                        "Triton's own cache hits (`plain Triton: N/N hits`); no GPU needed, nothing compiled")
     add_for_args(c)
     c.add_argument("--verbose", "-v", action="store_true",
                    help="one line per missing, corrupt or unreachable variant or row, and the redundant rows "
@@ -162,6 +166,9 @@ def cmd_check(args) -> int:
     if args.serve_at and (args.trace or args.remote):
         raise UsageError("--serve-at checks the cache folder as a server mounting it elsewhere reads it: "
                          "not with --trace or --remote")
+    if args.plain and (args.serve_at or args.trace or args.remote or _keyed_for_a_server(args)):
+        raise UsageError("--plain runs Triton on this machine, in its environment, over the folder where it is: "
+                         "not with --serve-at, --trace, --remote, --for or --for-wheel (check it on the server)")
     if args.trace:
         if args.specs or args.engine_config or args.remote:
             raise UsageError("--trace checks what a dispatch record launched against the cache: "
@@ -174,14 +181,20 @@ def cmd_check(args) -> int:
     specs, targets, cache_dir = prepare(args)
     note = check_cache_dir(cache_dir, for_writing=False)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
-    reports = [check(plan_with_engine(args, specs, t), cache_dir, serve_at=serve_at, same_machine=args.same_machine)
-               for t in targets]
+    plans = [plan_with_engine(args, specs, t) for t in targets]
+    reports = [check(p, cache_dir, serve_at=serve_at, same_machine=args.same_machine) for p in plans]
     for report, target in zip(reports, targets, strict=True):
         report.unknown_winners += probe_winners(specs, target, cache_dir).unknown
+    plain = None
+    if args.plain:
+        from ..jit.pipeline.plain_check import plain_check
+
+        plain = plain_check(plans, cache_dir)
+    ok = all(r.ok for r in reports) and (plain is None or plain.ok)
     if args.json:
-        print(json.dumps({"ok": all(r.ok for r in reports), "cache_dir": str(cache_dir),
-                          "serve_at": str(serve_at) if serve_at else None,
-                          "targets": [r.to_json() for r in reports]}, indent=1))
+        print(json.dumps({"ok": ok, "cache_dir": str(cache_dir), "serve_at": str(serve_at) if serve_at else None,
+                          "targets": [r.to_json() for r in reports],
+                          **({"plain": plain.to_json()} if plain else {})}, indent=1))
     else:
         wrap_print("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
                    (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
@@ -189,7 +202,17 @@ def cmd_check(args) -> int:
             note_where_triton_reads(cache_dir)
         for r in reports:
             _print_check(r, args.verbose)
-    return 0 if all(r.ok for r in reports) else 1
+        for line in plain.lines() if plain else []:
+            wrap_print("", line)
+        if plain and args.verbose:
+            for m in plain.compiles + plain.errors + plain.other_hashes:
+                wrap_print("  plain  ", f"{m['id']}  {short_kernel(m['kernel'])}  {m['target']}"
+                           + (f"  {m['why']}" if m.get("why") else ""))
+    return 0 if ok else 1
+
+
+def _keyed_for_a_server(args) -> bool:
+    return bool(getattr(args, "for_env", None) or getattr(args, "for_wheel", None))
 
 
 def _print_check(r, verbose: bool) -> None:
@@ -238,6 +261,8 @@ def _print_check(r, verbose: bool) -> None:
     if r.missing_c_launchers:
         say("  ", f"{len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
                   f"{r.c_launcher_fix}")
+    if r.driver_utilities:
+        say("  warning: ", r.driver_utilities)
     if verbose or len(r.unreachable) <= 3:
         for row in r.unreachable:
             say("  unreachable row: ", f"{row} launches no kernel")

@@ -26,7 +26,8 @@ TRITON_VERSION_FILES = {
     "test_autotune.py", "test_bundle.py", "test_c_launchers.py", "test_cache_manager.py", "test_capture_all.py",
     "test_dispatch.py", "test_engine_warm.py", "test_env.py", "test_for_wheel.py", "test_fp4_e2m1_rounding.py",
     "test_import_once.py", "test_interpreter.py", "test_layers.py", "test_miss_reasons.py", "test_mla_metadata.py",
-    "test_monitor.py", "test_paged_attention.py", "test_readonly_cache.py", "test_record.py", "test_resources.py",
+    "test_monitor.py", "test_paged_attention.py", "test_plain_check.py", "test_readonly_cache.py", "test_record.py",
+    "test_resources.py", "test_torch_compile_server.py",
     "test_remote_cache.py", "test_runtime_keys.py", "test_sass_count.py", "test_shipped_specs.py",
     "test_specialization.py", "test_targets.py", "test_warmup.py",
 }

@@ -350,10 +350,10 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
         assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {driver}" in run_cli(
             "env", rc=0, env=env).stdout.replace("\n" + " " * 13, " ")
-        assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0,
-                                               env=env).stdout
+        seen = ("--cache-dir", served, "--same-machine")  # its groups name the folder, which this machine sees too
+        assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", *seen, rc=0, env=env).stdout
         shutil.rmtree(module.parent)  # removed under the mount: the fleet's volume without it
-        out = " ".join(run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout.split())
+        out = " ".join(run_cli("check", spec, "--target", "sm90", *seen, rc=1, env=env).stdout.split())
     assert ("1 C launchers missing (Triton would build them at first launch): this process cannot write to the "
             "cache (read-only, or another owner's): Triton's first launch would fail writing them into it") in out
     assert ("on this machine, or with TRITON_LIBCUDA_PATH naming where it has libcuda.so.1 (Triton keys cuda_utils "
@@ -375,6 +375,52 @@ def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_de
     assert "C launchers: 1 needed: 1 built" in out, out
     assert len(list(served.glob(f"*/cuda_utils{EXT_SUFFIX}"))) == 1
     assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
+
+
+@pytest.mark.slow
+@needs_machine_key
+def test_an_image_build_that_cannot_key_the_driver_utilities_is_told_so_with_the_fix(tmp_path, monkeypatch, capsys):
+    """No libcuda.so.1 here and none declared (an image build): neither install nor warm-up can build the
+    ``cuda_utils`` every server builds at its first launch. `bundle install` and `check` name it, with
+    ``TRITON_LIBCUDA_PATH``; declared, install builds it and nothing is left to say."""
+    from tritonwarm.cli import main
+
+    monkeypatch.delenv("TRITON_LIBCUDA_PATH", raising=False)
+    if c_launchers.machine_utilities_call("cuda") is not None:
+        pytest.skip("Triton finds a libcuda.so.1 on this machine")
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(RMS_SPEC)
+    build, image, bundle = tmp_path / "build", tmp_path / "image", tmp_path / "warm.tar.gz"
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(build), "-j", "1"]) == 0
+    assert main(["bundle", "create", str(bundle), str(spec), "--target", "sm90", "--cache-dir", str(build)]) == 0
+    capsys.readouterr()
+    fix = "set TRITON_LIBCUDA_PATH to that folder (e.g. /usr/lib/"
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(image)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"sm90: warning: cuda_utils is not in the cache: Triton {triton_version()} builds it when the server's " \
+           "driver starts" in out and fix in out, out
+    assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(image)]) == 0  # the kernels all hit
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sm90: ok: 1 planned" in out and "warning: cuda_utils is not in the cache" in out and fix in out, out
+
+    monkeypatch.setenv("TRITON_LIBCUDA_PATH", str(tmp_path / "nvidia-driver"))  # where the servers have it
+    caches = (c_launchers._driver_module("cuda").libcuda_dirs, c_launchers._driver_module("cuda").library_dirs)
+    for cached in caches:
+        cached.cache_clear()
+    try:
+        assert main(["bundle", "install", str(bundle), "--cache-dir", str(image)]) == 0
+        assert "sm90: C launchers: 1 needed: 1 built" in capsys.readouterr().out
+        assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(image)]) == 0
+        assert "cuda_utils" not in capsys.readouterr().out
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
 
 
 HIP_RUNTIME_STUB = """
@@ -410,9 +456,9 @@ def test_hip_modules_keyed_by_the_runtime_path_serve_a_read_only_cache(tmp_path,
         started = subprocess.run(driver_start("hip") + ["--no-build"], capture_output=True, text=True,
                                  env={**os.environ, "TRITON_CACHE_DIR": str(served)})
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
-        assert "gfx942: ok: 1 planned" in run_cli("check", spec, "--target", "gfx942", "--cache-dir", served,
-                                                 rc=0).stdout
+        seen = ("--cache-dir", served, "--same-machine")  # its groups name the folder, which this machine sees too
+        assert "gfx942: ok: 1 planned" in run_cli("check", spec, "--target", "gfx942", *seen, rc=0).stdout
         shutil.rmtree(utilities.parent)
-        out = " ".join(run_cli("check", spec, "--target", "gfx942", "--cache-dir", served, rc=1).stdout.split())
+        out = " ".join(run_cli("check", spec, "--target", "gfx942", *seen, rc=1).stdout.split())
     assert "1 C launchers missing (Triton would build them at first launch): this process cannot write" in out
     assert "or with TRITON_LIBHIP_PATH naming its libamdhip64.so" in out

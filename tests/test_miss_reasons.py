@@ -76,10 +76,10 @@ def test_a_cache_copied_to_another_path_is_named_as_copied(tmp_path, fp16_cache)
     [missing] = report.missing
     assert f"its entry is here, but names its files under {fp16_cache}/" in missing["why"]
     assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {fp16_cache}: Triton's group "
-                              "files name the files there by absolute path: move a cache with `tritonwarm bundle "
-                              "create` / `bundle install` (`--serve-at PATH` when it is installed at another path "
-                              f"than the server mounts it at); installed with `--serve-at {fp16_cache}`, it serves "
-                              f"there only: check it as served there: `tritonwarm check --serve-at {fp16_cache}`"]
+                              f"files name the files there by absolute path, and a server reading {copy} misses them: "
+                              "move a cache with `tritonwarm bundle create` / `bundle install`, for the path the "
+                              f"server reads (`bundle install BUNDLE --serve-at {copy}` where it is installed at "
+                              "another path)"]
 
 
 @pytest.mark.slow

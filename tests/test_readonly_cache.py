@@ -26,6 +26,8 @@ args:
 
 @pytest.fixture
 def readonly_cache(tmp_path, read_only_mount):
+    """The warmed folder, mounted read-only at another path: its groups name the folder, which this machine
+    sees too (`check --same-machine`)."""
     spec = tmp_path / "rms.yaml"
     spec.write_text(SPEC)
     source = tmp_path / "src"
@@ -43,7 +45,7 @@ def test_serving_and_check_work_warming_fails(readonly_cache, compile_counter, r
     assert compile_counter.count == compiled_before
 
     cmd = [sys.executable, "-m", "tritonwarm"]
-    ok = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)],
+    ok = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--same-machine"],
                         capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     bad = subprocess.run(cmd + ["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache)],
@@ -93,7 +95,7 @@ def test_check_warns_that_misses_fail_on_a_read_only_cache_and_commands_that_fil
     spec, cache = readonly_cache
     cmd = [sys.executable, "-m", "tritonwarm"]
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
-    plain = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)],
+    plain = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--same-machine"],
                            capture_output=True, text=True, timeout=600, env=env)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     flat = " ".join(plain.stdout.split())  # lines over 200 characters are wrapped
@@ -102,7 +104,7 @@ def test_check_warns_that_misses_fail_on_a_read_only_cache_and_commands_that_fil
     assert "TRITON_CACHE_MANAGER=tritonwarm.jit.cache.overlay:OverlayCacheManager" in flat
 
     overlaid = {**env, "TRITON_CACHE_MANAGER": OVERLAY_MANAGER, "TRITONWARM_OVERLAY_DIR": str(tmp_path / "ov")}
-    served = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)],
+    served = subprocess.run(cmd + ["check", str(spec), "--target", "sm90", "--cache-dir", str(cache), "--same-machine"],
                             capture_output=True, text=True, timeout=600, env=overlaid)
     assert served.returncode == 0 and "cannot write" not in served.stdout, served.stdout + served.stderr
 

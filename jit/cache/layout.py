@@ -300,18 +300,20 @@ def _as_mounted(children: dict, served: Path, here: Path) -> dict[str, str] | No
 
 
 def foreign_group_folder(cache_dir: Path, entry_dir: str, kernel_name: str,
-                         serve_at: Path | None = None) -> str | None:
+                         serve_at: Path | None = None, *, by_path: bool = False) -> str | None:
     """The folder an entry's ``__grp__`` file names its files in, when that is not the entry's own
     folder (at ``serve_at``, where given): a cache copied or mounted at another path (Triton writes
-    absolute paths there)."""
+    absolute paths there). ``by_path``: also the entry's own folder named by another path (a symbolic
+    link, a bind mount), which a server that sees only ``cache_dir`` cannot follow."""
     here = entry_path(cache_dir, entry_dir)
     try:
         children = json.loads((here / f"__grp__{kernel_name[:150]}.json").read_text())["child_paths"]
         folders = {os.path.dirname(p) for p in children.values()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if serve_at is not None:  # a path on the server: compared as written
-        foreign = sorted(f for f in folders if Path(f) != Path(serve_at) / entry_dir)
+    if serve_at is not None or by_path:  # a path on the server: compared as written
+        at = Path(os.path.normpath(Path(serve_at or cache_dir).absolute() / entry_dir))
+        foreign = sorted(f for f in folders if Path(os.path.normpath(f)) != at)
     else:
         foreign = sorted(f for f in folders if Path(f) != here and Path(f).resolve() != here.resolve())
     return foreign[0] if foreign else None

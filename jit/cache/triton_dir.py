@@ -94,7 +94,10 @@ def _restore(knob: str | None, env: str | None) -> None:
 
 
 def triton_reads_instead(cache_dir) -> Path | None:
-    """The folder this process's Triton reads its cache from (``TRITON_CACHE_DIR``, or its default),
-    when that is not ``cache_dir``: a cache warmed there is then never read."""
-    read = Path(knobs.cache.dir).expanduser().resolve()
+    """The folder this process's Triton reads its cache from (``TRITON_CACHE_DIR``, or its default;
+    ``TRITONWARM_CACHE_DIR`` first under ``WarmedCacheManager``), when that is not ``cache_dir``: a cache
+    warmed there is then never read."""
+    from .warmed import warmed_folder_in_force
+
+    read = (warmed_folder_in_force() or Path(knobs.cache.dir)).expanduser().resolve()
     return None if read == Path(cache_dir).expanduser().resolve() else read

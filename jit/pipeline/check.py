@@ -40,7 +40,7 @@ from ..cache.marks import interrupted_line
 from ..cache.records import metadata_problem
 from ..cache.remote import held_by_fleet
 from ..cache.triton_dir import groups_read_as_served
-from ..serving.c_launchers import missing_c_launchers
+from ..serving.c_launchers import missing_c_launchers, unwarmable_driver_utilities
 from ..serving.miss import (
     COPIED,
     FILES_GONE,
@@ -73,6 +73,7 @@ class CheckReport:
     reasons: list[str] = field(default_factory=list)  # why planned variants are missing, one line each
     missing_c_launchers: list[str] = field(default_factory=list)  # C modules Triton would build at first launch
     c_launcher_fix: str | None = None
+    driver_utilities: str | None = None  # a C module the server builds at its first launch, unknown here: a warning
     unreadable: list[dict] = field(default_factory=list)  # entry folders that exist but cannot be read
     manifest_problem: str | None = None  # a damaged manifest: no entry's content hash can be checked
     bypassed: str | None = None  # this runtime does not serve the folder (TRITON_ALWAYS_COMPILE, _CACHE_MANAGER)
@@ -150,16 +151,24 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
         else:
             intact.append(variant)
             _judge_resources(report, target, variant, files, recorded.get(variant.cache_hash))
-            elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name)
-            if elsewhere is not None and not _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir)):
-                report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere)})
+            elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name,
+                                                                   by_path=True)
+            if elsewhere is not None:
+                same = _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir))
+                report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere), "same_folder": same})
+    marked = serve_at_of(cache_dir)
+    if marked is not None and serve_at is None:  # installed for the server's path (`--serve-at`), seen here too
+        installed_for = [row for row in report.read_elsewhere if Path(row["folder"]) == marked]
+        report.read_elsewhere = [row for row in report.read_elsewhere if Path(row["folder"]) != marked]
+        if installed_for:
+            report.notes.append(_served_elsewhere(marked, None))
     if report.read_elsewhere:
-        line = _read_elsewhere(report.read_elsewhere, cache_dir)
+        lines = _read_elsewhere(report.read_elsewhere, cache_dir)
         if same_machine:
-            report.notes.append(line)
+            report.notes += lines
             report.read_elsewhere = []
         else:
-            report.reasons.append(line)
+            report.reasons += lines
     fleet = held_by_fleet(v for v in the_plan.variants.values() if v.variant_id in wanted)
     report.from_fleet = [m for m in report.missing if wanted[m["id"]]["cache_hash"] in fleet]
     report.missing = [m for m in report.missing if wanted[m["id"]]["cache_hash"] not in fleet]
@@ -169,6 +178,8 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
             report.missing_c_launchers, report.c_launcher_fix = missing_c_launchers(intact, target, cache_dir)
     else:  # Triton looks them up through that manager, not the folder
         report.notes.append(f"C launchers not looked up: {manager[1]}")
+    if the_plan.variants and manager is None:
+        report.driver_utilities = unwarmable_driver_utilities(target, cache_dir)
     environments = manifest.environments()
     others: dict[str, dict] = {}
     for cache_hash, entry in recorded.items():
@@ -185,7 +196,6 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
     if report.missing:
         for other in report.other_environments:
             report.reasons += [line for line in other["differences"] if line not in report.reasons]
-    marked = serve_at_of(cache_dir)
     mounted_elsewhere = bool(report.missing) and marked != serve_at
     if mounted_elsewhere:
         report.reasons.insert(0, _served_elsewhere(marked, serve_at))
@@ -215,14 +225,31 @@ def _same_folder(a, b) -> bool:
         return False
 
 
-def _read_elsewhere(rows: list[dict], cache_dir: Path) -> str:
-    """One line for entries whose files are read from another folder (a copied cache)."""
-    folders = Counter(row["folder"] for row in rows)
-    folder, _ = folders.most_common(1)[0]
-    more = f" (and {len(folders) - 1} other folders)" if len(folders) > 1 else ""
-    return (f"{_variants(len(rows))} read from {folder}{more}, not from {cache_dir}: its group files name files there "
-            "(a copied cache): a server without that folder misses them: move a cache with `tritonwarm bundle create` "
-            "+ `bundle install` (`--serve-at PATH` for another mount path); on this machine: `check --same-machine`")
+def _read_elsewhere(rows: list[dict], cache_dir: Path) -> list[str]:
+    """One line for entries whose files are read from another folder (a copied cache), one for entries
+    whose group files name this very folder by another path (a symbolic link or a bind mount)."""
+    lines = []
+    copied = [row for row in rows if not row.get("same_folder")]
+    if copied:
+        folders = Counter(row["folder"] for row in copied)
+        folder, _ = folders.most_common(1)[0]
+        more = f" (and {len(folders) - 1} other folders)" if len(folders) > 1 else ""
+        lines.append(f"{_variants(len(copied))} read from {folder}{more}, not from {cache_dir}: its group files "
+                     "name files there (a copied cache): a server without that folder misses them: move a cache with "
+                     "`tritonwarm bundle create` + `bundle install` (`--serve-at PATH` for another mount path); on "
+                     "this machine: `check --same-machine`")
+    second = [row for row in rows if row.get("same_folder")]
+    if second:
+        root = Path(second[0]["folder"])  # the cache folder the groups name
+        real = os.path.realpath(cache_dir)
+        how = (f"a symbolic link: its real path is {real}" if real != str(cache_dir)
+               else "a bind mount, or another mount of it")
+        lines.append(f"{_variants(len(second))} named by their group files under {root}: the same folder as "
+                     f"{cache_dir} by another path ({how}): a server "
+                     f"that sees it only at {cache_dir} misses them all: install the bundle for that path "
+                     f"(`tritonwarm bundle install BUNDLE --cache-dir {root} --serve-at {cache_dir}`), or serve it at "
+                     f"{root}; where both paths are seen: `check --same-machine`")
+    return lines
 
 
 def _served_elsewhere(marked: Path | None, serve_at: Path | None) -> str:
@@ -276,17 +303,19 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
         summary["why"], summary["cause"] = reason.line, reason.kind
         if reason.kind in _SHARED_CAUSES and not (copies_explained and reason.kind == COPIED):
             detail = (summary["kernel"],) if reason.kind == OTHER_CODE else (
-                (summary["kernel"], reason.detail) if reason.kind == OTHER_GLOBALS else (reason.detail or "",))
+                (summary["kernel"], reason.detail) if reason.kind == OTHER_GLOBALS else
+                (reason.detail or "", str(neighbours.serve_at or neighbours.cache_dir)) if reason.kind == COPIED else
+                (reason.detail or "",))
             shared[reason.kind, detail] += 1
     report.reasons += [_SHARED_CAUSES[kind](_variants(count), *detail) for (kind, detail), count in shared.items()]
 
 
 _SHARED_CAUSES = {
-    COPIED: lambda variants, folder: (
+    COPIED: lambda variants, folder, served: (
         f"{variants} in a cache copied or mounted from {folder}: Triton's group files name the files there by "
-        "absolute path: move a cache with `tritonwarm bundle create` / `bundle install` (`--serve-at PATH` when "
-        f"it is installed at another path than the server mounts it at); installed with `--serve-at {folder}`, it "
-        f"serves there only: check it as served there: `tritonwarm check --serve-at {folder}`"),
+        f"absolute path, and a server reading {served} misses them: move a cache with `tritonwarm bundle create` / "
+        f"`bundle install`, for the path the server reads (`bundle install BUNDLE --serve-at {served}` where it is "
+        "installed at another path)"),
     FILES_GONE: lambda variants, _: (
         f"{variants} recorded as warmed, but the files are gone (removed since the warm-up): warm up again"),
     OTHER_OPTIONS: lambda variants, options: (

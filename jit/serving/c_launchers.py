@@ -475,6 +475,36 @@ class _Missing(Exception):
     pass
 
 
+SERVING_LIBCUDA_DIR = {"x86_64": "/usr/lib/x86_64-linux-gnu", "aarch64": "/usr/lib/aarch64-linux-gnu"}
+
+
+def unwarmable_driver_utilities(target, cache_dir: Path) -> str | None:
+    """A warning (with the fix) when the server will build ``cuda_utils`` at its first launch and this
+    machine cannot tell its key: from Triton 3.8 that key names the folder of the server's
+    ``libcuda.so.1``, which an image build does not have (no driver, ``TRITON_LIBCUDA_PATH`` unset), so
+    warm-up and ``bundle install`` build nothing and say nothing. A cache holding no ``cuda_utils`` at
+    all lacks it for any server; one holding some was built for a place declared elsewhere: None then,
+    and where the key is known (``look_up_c_launchers`` judges it) or none is built (Triton 3.6, 3.7)."""
+    import platform
+
+    import triton
+
+    from ..cache.env import keyed_for_another
+
+    if target.backend != "cuda" or utilities_keyed_by_source() or keyed_for_another():
+        return None
+    if machine_utilities_call("cuda") is not None:
+        return None
+    name = DRIVER_UTILITIES["cuda"]
+    if any(Path(cache_dir).glob(f"*/{name}{sysconfig.get_config_var('EXT_SUFFIX')}")):
+        return None
+    where = SERVING_LIBCUDA_DIR.get(platform.machine(), SERVING_LIBCUDA_DIR["x86_64"])
+    return (f"{name} is not in the cache: Triton {triton.__version__} builds it when the server's driver starts "
+            "(with a C compiler there, into a writable cache), keyed by where the server has libcuda.so.1, which "
+            f"this machine lacks: set TRITON_LIBCUDA_PATH to that folder (e.g. {where}) here and where serving runs, "
+            "then install (or warm up) again: it is built against a stub")
+
+
 def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], str | None]:
     """The C modules the runtime would build for ``variants`` (whose entries are in the cache), and the
     fix in one line; ``([], None)`` when none would be built."""
