@@ -1,0 +1,111 @@
+"""Teacher-forced logits: a run fed another run's tokens samples exactly those, its logits are compared
+position by position, and the contract of docs/engine.md is judged from the comparisons (fp32: token
+identity; bf16: within twice the reference's own bf16 error, argmax differences only on near-ties)."""
+
+import dataclasses
+
+import pytest
+import torch
+from tritonwarm.engine.config import ENGINES, MODELS, EngineConfig
+from tritonwarm.engine.engine import Engine
+from tritonwarm.engine.logits import (
+    BF16_FACTOR,
+    LogitComparison,
+    LogitRecorder,
+    ModesReport,
+    compare_logits,
+    compare_modes,
+    contract_problems,
+)
+from tritonwarm.engine.runner import make_workload, serve
+
+TINY = ENGINES["tiny"]
+
+
+def test_a_forced_run_samples_the_given_tokens_and_records_every_position():
+    requests = make_workload(TINY, 3, 4, seed=2, max_prompt=20)
+    free = LogitRecorder()
+    outputs = Engine(TINY, "reference", "cpu").run(requests, sampler=free).outputs
+    assert set(free.logits) == {(r, i) for r, out in enumerate(outputs) for i in range(len(out))}
+    assert all(int(free.logits[(r, i)].argmax()) == t for r, out in enumerate(outputs) for i, t in enumerate(out))
+    # another run fed arbitrary tokens (none the stop token) generates exactly them
+    forced_tokens = [[(7 * r + i) % 200 for i in range(4)] for r in range(3)]
+    forced = LogitRecorder(forced_tokens)
+    assert Engine(TINY, "reference", "cpu").run(requests, sampler=forced).outputs == forced_tokens
+    assert forced.logits[(0, 0)].equal(free.logits[(0, 0)])  # the first position sees the same prompt
+    assert not forced.logits[(0, 1)].equal(free.logits[(0, 1)])  # later ones see the forced tokens
+
+
+def test_compare_logits_measures_error_agreement_and_the_margin_where_argmaxes_differ():
+    reference = {(0, 0): torch.tensor([1.0, 3.0, 2.9]), (0, 1): torch.tensor([5.0, 0.0, -5.0]),
+                 (1, 0): torch.tensor([0.0, 1.0, 0.0])}
+    ours = {(0, 0): torch.tensor([1.0, 2.9, 3.0]), (0, 1): torch.tensor([5.25, 0.0, -5.0]),
+            (2, 0): torch.tensor([9.0, 0.0, 0.0])}  # (1, 0) and (2, 0): only one run reached them
+    c = compare_logits(ours, reference)
+    assert c.positions == 2 and c.top1_agree == 1
+    assert c.max_abs == pytest.approx(0.25)
+    assert c.max_rel == pytest.approx(0.25 / 5.0)  # row (0, 1): 0.25 of its largest |logit|; row (0, 0): 0.1 / 3
+    assert c.widest_disagreement == pytest.approx(0.1)  # the reference's 3.0 against 2.9
+    assert c.to_json()["top1_rate"] == 0.5
+    with pytest.raises(ValueError, match=r"position \(0, 0\)"):
+        compare_logits({(0, 0): torch.zeros(4)}, {(0, 0): torch.zeros(3)})
+
+
+def _report(exact_outputs=True, **comparisons):
+    outputs = [[1, 2], [3, 4]]
+    return ModesReport(outputs, outputs if exact_outputs else [[1, 2], [3, 5]], comparisons, 0, 5, [])
+
+
+def test_the_contract_in_fp32_is_token_identity():
+    same = LogitComparison(4, 1e-6, 1e-7, 4, 0.0)
+    assert contract_problems(_report(**{"triton vs reference": same}), exact=True) == []
+    problems = contract_problems(_report(False, **{"triton vs reference": LogitComparison(4, 0.5, 0.1, 3, 0.01)}),
+                                 exact=True)
+    assert problems == ["fp32: 1/2 requests token-identical to the reference",
+                        "fp32: teacher-forced argmax agrees at 3/4 positions"]
+
+
+def test_the_contract_in_bf16_is_twice_the_references_own_error():
+    floor = LogitComparison(4, 0.3, 0.02, 4, 0.0)
+    within = LogitComparison(4, 2 * 0.3, 0.04, 3, 0.5)  # an argmax differs on a margin within the bound
+    assert BF16_FACTOR == 2.0
+    assert contract_problems(_report(False, **{"triton vs reference": within, "reference vs fp32": floor}),
+                             exact=False) == []
+    too_far = LogitComparison(4, 0.61, 0.04, 4, 0.0)
+    wide = LogitComparison(4, 0.2, 0.01, 3, 0.7)  # small errors, yet an argmax differs on a wide margin
+    (far,) = contract_problems(_report(**{"triton vs reference": too_far, "reference vs fp32": floor}), False)
+    assert far.startswith("max |triton - reference| logit error 0.61 exceeds 2 x the reference's own bf16 error")
+    (tie,) = contract_problems(_report(**{"triton vs reference": wide, "reference vs fp32": floor}), False)
+    assert "margin is 0.7, more than the bound 0.6: not a near-tie" in tie
+    # no floor measured: nothing to hold bf16 logits to
+    assert contract_problems(_report(**{"triton vs reference": too_far}), False) == []
+
+
+def test_compare_modes_holds_for_tiny_in_fp32():
+    report = compare_modes(TINY, make_workload(TINY, 2, 3, seed=4, max_prompt=24))
+    assert report.problems == [] and report.identical_requests == 2
+    ours = report.comparisons["triton vs reference"]
+    assert set(report.comparisons) == {"triton vs reference"}  # fp32: no floor run
+    assert ours.positions == 6 and ours.top1_agree == 6 and ours.max_abs < 1e-3
+
+
+def test_the_floor_is_the_same_weights_computed_in_fp32():
+    """``weights_dtype``: bf16 weights, fp32 arithmetic. The weights equal the bf16 engine's exactly
+    (upcast), so what the floor measures is arithmetic alone."""
+    model = dataclasses.replace(MODELS["tiny"], num_layers=1)
+    bf16 = EngineConfig(model, max_batch_size=2, max_num_tokens=16, num_blocks=8, dtype=torch.bfloat16)
+    rounded = Engine(bf16, "reference", "cpu")
+    upcast = Engine(dataclasses.replace(bf16, dtype=torch.float32), "reference", "cpu", weights_dtype=torch.bfloat16)
+    assert upcast.model.lm_head.dtype == torch.float32
+    assert torch.equal(upcast.model.lm_head, rounded.model.lm_head.float())
+    assert torch.equal(upcast.model.layers[0]["experts_down"], rounded.model.layers[0]["experts_down"].float())
+    plain = Engine(dataclasses.replace(bf16, dtype=torch.float32), "reference", "cpu")
+    assert not torch.equal(plain.model.lm_head, upcast.model.lm_head)  # fp32 draws, never rounded
+    requests = make_workload(bf16, 2, 2, seed=1, max_prompt=8)
+    low = LogitRecorder()
+    outputs = serve(bf16, requests, mode="reference", sampler=low).result.outputs
+    high = LogitRecorder(outputs)
+    serve(dataclasses.replace(bf16, dtype=torch.float32), requests, mode="reference", weights_dtype=torch.bfloat16,
+          sampler=high)
+    floor = compare_logits(low.logits, high.logits)
+    assert floor.positions == 4 and 0 < floor.max_abs < 0.1 * max(float(v.abs().max()) for v in high.logits.values())
