@@ -38,6 +38,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.triton_version)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The GPU lane (``@pytest.mark.gpu``) without a GPU: skipped before any fixture runs, from this one
+    place, so ``-rs`` prints one line for the whole lane."""
+    if item.get_closest_marker("gpu") is not None and not _has_cuda():
+        pytest.skip("no CUDA GPU: the GPU lane (pytest -m gpu) runs on one")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.fixture
 def read_only_mount():
     """``with read_only_mount(source, mount):`` shows ``source`` at ``mount`` on a read-only bind mount
