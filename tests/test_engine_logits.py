@@ -109,3 +109,26 @@ def test_the_floor_is_the_same_weights_computed_in_fp32():
           sampler=high)
     floor = compare_logits(low.logits, high.logits)
     assert floor.positions == 4 and 0 < floor.max_abs < 0.1 * max(float(v.abs().max()) for v in high.logits.values())
+
+
+@pytest.mark.slow
+def test_engine_modes_prints_both_tables_and_the_verdict(tmp_path):
+    """``bench/engine_modes.py`` on the CPU (tiny, fp32): the free-running table, the teacher-forced logit
+    table, and the contract's verdict; its JSON carries the figures."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench" / "engine_modes.py"
+    out = tmp_path / "modes.json"
+    proc = subprocess.run([sys.executable, str(bench), "--config", "tiny", "--requests", "2", "--max-tokens", "3",
+                           "--max-prompt", "12", "--json", str(out)], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = proc.stdout
+    assert "Engine modes, tiny (float32), free-running: 2/2 requests token-identical" in text
+    assert "| runs                | positions | max abs error |" in text
+    assert "| triton vs reference | 6         |" in text and "| 6/6             |" in text
+    assert text.rstrip().endswith("contract holds: fp32, token-identical")
+    figures = json.loads(out.read_text())
+    assert figures["problems"] == [] and figures["logits"]["triton vs reference"]["top1_rate"] == 1.0

@@ -5,6 +5,7 @@ as soon as nothing names it (no reference cycle), so runs one after another hold
 import dataclasses
 import gc
 import importlib.util
+import json
 import sys
 import weakref
 from pathlib import Path
@@ -150,3 +151,41 @@ def test_the_throughput_bench_holds_one_engine_at_a_time_and_reuses_it_across_le
     finally:
         gc.enable()
     assert built == ["reference", "triton"]  # one engine per mode, not per level
+
+
+def test_engine_run_reports_peak_gpu_memory(engine_cli, monkeypatch, capsys):
+    """On a GPU the run's peak (what ``GpuPeak`` read from PyTorch's allocator) is printed and in --json;
+    on a CPU there is no such line and the fields are null."""
+    real_serve = runner.serve
+
+    def on_a_gpu(*args, **kwargs):
+        report = real_serve(*args, **kwargs)
+        report.peak_gpu_allocated, report.peak_gpu_reserved = 33 * GIB + 2**29, 34 * GIB
+        return report
+
+    common = ["engine", "run", "--config", "tiny", "--mode", "reference", "--requests", "1", "--max-tokens", "1"]
+    assert engine_cli(common) == 0
+    assert "peak GPU memory" not in capsys.readouterr().out
+    assert engine_cli([*common, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_gpu_allocated_bytes"] is None
+    monkeypatch.setattr(runner, "serve", on_a_gpu)
+    assert engine_cli(common) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "peak GPU memory: 34304.0 MiB allocated by PyTorch (34816.0 MiB reserved)")
+    assert engine_cli([*common, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["peak_gpu_allocated_bytes"], out["peak_gpu_reserved_bytes"]) == (33 * GIB + 2**29, 34 * GIB)
+
+
+def test_gpu_peak_reads_the_allocator_only_on_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 5)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 7)
+    with memory.GpuPeak(torch.device("cpu")) as peak:
+        pass
+    assert (peak.allocated, peak.reserved, calls) == (None, None, [])
+    with memory.GpuPeak(torch.device("cuda")) as peak:
+        assert calls == ["sync", "reset"]
+    assert (peak.allocated, peak.reserved) == (5, 7)
