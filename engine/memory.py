@@ -77,8 +77,8 @@ def refuse_if_it_cannot_fit(config: EngineConfig, available: int | None = None) 
         return
     dtype = str(config.dtype).removeprefix("torch.")
     raise ValueError(
-        f"engine {config.model.name}: {weight_bytes(config) / GIB:.1f} GiB of {dtype} weights (about "
-        f"{need / GIB:.1f} GiB with the KV cache) do not fit the {available / GIB:.1f} GiB of memory available, "
+        f"engine {config.model.name}: {weight_bytes(config) / GIB:.1f} GiB of {dtype} weights ({need / GIB:.1f} GiB "
+        f"with the KV cache, while building) do not fit the {available / GIB:.1f} GiB of memory available, "
         f"and there is no GPU; prove a warmed cache on this machine with a dry run instead: "
         f"--dry-run --target TARGET (meta tensors, nothing allocated)")
 
