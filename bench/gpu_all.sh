@@ -5,8 +5,8 @@
 #     [BUDGET_S=780] bash bench/gpu_all.sh OUTDIR [STEP ...]
 #
 # Steps (default: all, in this order): env attention kvformats align fp4 dispatch kernels warm engine
-# throughput moe lane (the GPU test lane, pytest -m gpu: docs/testing.md). The kernel benchmarks come first: they compile what they time before timing it,
-# and they are what a short loan of a GPU is for. The warm step fills the cache (every shipped spec
+# throughput moe lane (the GPU test lane, pytest -m gpu: docs/testing.md). The kernel benchmarks come
+# first: they compile what they time before timing it, and they are what a short loan of a GPU is for. The warm step fills the cache (every shipped spec
 # and both engine configs) before the engine steps, which then serve with --jit-policy error. A
 # failing step prints its exit status and the run goes on. With BUDGET_S, the whole run stays
 # within that many seconds: each step's limit is cut to what is left, and a step with less than 15 s
