@@ -134,7 +134,7 @@ PLAIN_TRITON = textwrap.dedent("""
     from triton.compiler import compiler
     from triton.runtime import build
 
-    counts = {"make_ir": 0, "c_builds": 0, "hits": 0}
+    counts = {"make_ir": 0, "c_builds": 0, "hits": 0, "compile_calls": 0}
     make_ir, c_build = compiler.ASTSource.make_ir, build._build
 
     def counting_make_ir(*a, **k):
@@ -145,7 +145,8 @@ PLAIN_TRITON = textwrap.dedent("""
         counts["c_builds"] += 1
         return c_build(*a, **k)
 
-    def listener(*, cache_hit, **_):
+    def listener(*, cache_hit, **_):  # Triton's compile listener: every compile() call, hit or not
+        counts["compile_calls"] += 1
         counts["hits"] += bool(cache_hit)
 
     compiler.ASTSource.make_ir, build._build = counting_make_ir, counting_build
@@ -203,10 +204,8 @@ def test_a_plain_triton_process_hits_the_warmed_cache(lane):
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert counts["machinery"] == [], counts  # plain: Triton's own path only
     assert (counts["make_ir"], counts["c_builds"]) == (0, 0), counts
-    import triton
-
-    if hasattr(getattr(triton, "knobs", None), "compilation") and hasattr(triton.knobs.compilation, "listener"):
-        assert counts["hits"] == 3, counts
+    # where Triton's listener reports cache hits (3.9 does), each of the three variants was one
+    assert counts["hits"] == counts["compile_calls"] and counts["compile_calls"] in (0, 3), counts
 
 
 # ----------------------------------------------------------------------------- the lane itself, on any machine
