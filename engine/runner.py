@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..jit.dispatch_record import write_record
-from ..jit.monitor import DispatchMonitor
+from ..jit.core.dispatch_record import write_record
+from ..jit.serving.monitor import DispatchMonitor
 from .config import EngineConfig
 from .engine import Engine, RunResult, Sampler
 from .memory import GpuPeak, refuse_if_it_cannot_fit
@@ -78,8 +78,8 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     ``sampler`` and ``weights_dtype``: see ``Engine`` (teacher forcing, ``logits.py``).
     """
     from ..jit.cache import refuse_if_served_elsewhere, resolve_cache_dir
-    from ..jit.compile import triton_cache_dir
-    from ..jit.targets import local_target, resolve_target
+    from ..jit.cache.triton_dir import triton_cache_dir
+    from ..jit.core.targets import local_target, resolve_target
 
     cache_dir = resolve_cache_dir(cache_dir)
     dry_run = dry_run_target is not None
