@@ -7,10 +7,13 @@ tolerance, and a plain Triton process (no tritonwarm machinery imported) that hi
 not marked ``gpu`` at the end check on any machine that the lane's own commands and configs are valid.
 """
 
+import atexit
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -28,6 +31,11 @@ LANE_CONFIGS = {
     **{f"deepseek-v2-lite-{d}": {"preset": "deepseek-v2-lite", "kv_cache_dtype": d} for d in KV_CACHE_DTYPES},
 }
 SERVE = ["--requests", "8", "--max-tokens", "8", "--jit-policy", "error", "--json"]
+# Time limits (s), so that one hang cannot take a short loan of a GPU: the warm-up, counted from its
+# start; one engine process; a test that waits for the warm-up and then runs two engine processes.
+WARMUP_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 170
+ENGINE_TEST_TIMEOUT_S = 360
 
 
 def write_configs(folder: Path) -> dict[str, Path]:
@@ -60,9 +68,17 @@ def _env(cache: Path) -> dict:
     return {**env, "TRITON_CACHE_DIR": str(cache)}
 
 
-def _tritonwarm(args, cache: Path, timeout=600):
+def _die_with_parent():
+    """In a lane's child process (Linux): killed when pytest ends however it ends (killed by ``timeout``,
+    or ended by a test's time limit), so no compile or engine outlives the lane on a short loan."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _tritonwarm(args, cache: Path, timeout=RUN_TIMEOUT_S):
     return subprocess.run([sys.executable, "-m", "tritonwarm", *args], capture_output=True, text=True,
-                          env=_env(cache), timeout=timeout)
+                          env=_env(cache), timeout=timeout, preexec_fn=_die_with_parent)
 
 
 def _last_line(proc) -> str:
@@ -70,27 +86,68 @@ def _last_line(proc) -> str:
     return lines[-1] if lines else f"exit {proc.returncode}, no output"
 
 
+class LaneWarmup:
+    """The README's flow into a fresh cache, in the background: started once the lane is collected on a
+    GPU (``tests/conftest.py``), so it compiles on the host's cores while the kernel tests use the GPU;
+    the engine tests wait for it. Whatever is still running when the tests end is killed."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="tritonwarm-gpu-lane-"))
+        self.cache, self.configs = self.root / "triton-cache", write_configs(self.root / "configs")
+        self.started = time.monotonic()
+        self.running = []
+        for i, args in enumerate(warmup_commands(self.configs)):  # output in files: no pipe fills while unread
+            with open(self.root / f"warmup-{i}.out", "w") as out, open(self.root / f"warmup-{i}.err", "w") as err:
+                self.running.append((i, args, subprocess.Popen([sys.executable, "-m", "tritonwarm", *args], stdout=out,
+                                                               stderr=err, env=_env(self.cache),
+                                                               preexec_fn=_die_with_parent)))
+        atexit.register(self.stop)
+        self.failed: list[str] | None = None
+
+    def wait(self) -> tuple[Path, dict[str, Path]]:
+        if self.failed is None:
+            self.failed = []
+            for i, args, proc in self.running:
+                left = WARMUP_TIMEOUT_S - (time.monotonic() - self.started)
+                try:
+                    proc.wait(timeout=max(left, 1))
+                except subprocess.TimeoutExpired:
+                    self.stop()
+                    self.failed.append(f"tritonwarm {' '.join(args[:3])}: not done in {WARMUP_TIMEOUT_S} s")
+                    break
+                if proc.returncode != 0:
+                    out, err = ((self.root / f"warmup-{i}.{name}").read_text() for name in ("out", "err"))
+                    done = subprocess.CompletedProcess(args, proc.returncode, out, err)
+                    self.failed.append(f"tritonwarm {' '.join(args[:3])}: exit {proc.returncode}: {_last_line(done)}")
+        if self.failed:
+            pytest.fail(f"warm-up failed after {time.monotonic() - self.started:.0f} s: {'; '.join(self.failed)}",
+                        pytrace=False)
+        return self.cache, self.configs
+
+    def stop(self):
+        for _, _, proc in self.running:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+_warmup: LaneWarmup | None = None
+
+
+def start_lane_warmup() -> LaneWarmup:
+    global _warmup
+    if _warmup is None:
+        _warmup = LaneWarmup()
+    return _warmup
+
+
 @pytest.fixture(scope="session")
-def lane(tmp_path_factory):
+def lane():
     """The warmed cache and the configs: the README's flow, run once for the whole lane."""
-    root = tmp_path_factory.mktemp("gpu-lane")
-    cache, configs = root / "triton-cache", write_configs(root / "configs")
-    start = time.perf_counter()
-    running = [(args, subprocess.Popen([sys.executable, "-m", "tritonwarm", *args], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True, env=_env(cache)))
-               for args in warmup_commands(configs)]
-    failed = []
-    for args, proc in running:
-        stdout, stderr = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            done = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
-            failed.append(f"tritonwarm {' '.join(args[:3])}: exit {proc.returncode}: {_last_line(done)}")
-    if failed:
-        pytest.fail(f"warm-up failed after {time.perf_counter() - start:.0f} s: {'; '.join(failed)}", pytrace=False)
-    return cache, configs
+    return start_lane_warmup().wait()
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(timeout_s=ENGINE_TEST_TIMEOUT_S)
 @pytest.mark.parametrize("name", LANE_CONFIGS)
 def test_the_engine_serves_with_nothing_compiled(lane, name):
     cache, configs = lane
@@ -110,7 +167,7 @@ def test_the_engine_serves_with_nothing_compiled(lane, name):
         assert run["outputs"] == json.loads(reference.stdout)["outputs"]
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(timeout_s=ENGINE_TEST_TIMEOUT_S)
 def test_bf16_logits_stay_within_the_stated_tolerance(lane):
     """DeepSeek-V2-Lite's geometry in 4 layers (the lane's time): teacher-forced, the Triton logits are
     no farther from the reference than bf16 rounding takes the reference from the same model in fp32
@@ -195,11 +252,11 @@ def plain_launches() -> list[dict]:
     return out
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(timeout_s=ENGINE_TEST_TIMEOUT_S)
 def test_a_plain_triton_process_hits_the_warmed_cache(lane):
     cache, _ = lane
     proc = subprocess.run([sys.executable, "-c", PLAIN_TRITON, json.dumps(plain_launches())], capture_output=True,
-                          text=True, env=_env(cache), timeout=300)
+                          text=True, env=_env(cache), timeout=RUN_TIMEOUT_S, preexec_fn=_die_with_parent)
     assert proc.returncode == 0, _last_line(proc)
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert counts["machinery"] == [], counts  # plain: Triton's own path only
@@ -237,8 +294,8 @@ def test_the_plain_launches_are_warmed_by_the_shipped_specs():
     """The plain process launches, from data alone, variants that the lane's warm-up plans: the same
     calls traced for sm90 with Triton's own keys are among the shipped specs' variants."""
     from tritonwarm.jit import TARGETS, fake_tensor, trace_call
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
     from tritonwarm.launchers import rms_norm, silu_and_mul
 
     launches = plain_launches()
@@ -255,16 +312,139 @@ def test_the_plain_launches_are_warmed_by_the_shipped_specs():
     assert {v.cache_hash for v in traced} <= set(planned.variants)
 
 
+def test_the_background_warmup_reports_each_failed_command_in_one_line(monkeypatch):
+    """The lane's warm-up runs its commands at once; waiting gives the cache, or fails naming each
+    command that failed with its last line (here: an unknown target, and a help that succeeds)."""
+    monkeypatch.setitem(globals(), "warmup_commands",
+                        lambda configs: [["warmup", "--help"], ["warmup", "--target", "sm_nonesuch"]])
+    warmup = LaneWarmup()
+    with pytest.raises(pytest.fail.Exception, match=r"warm-up failed after \d+ s: tritonwarm warmup --target "
+                                                    r"sm_nonesuch: exit 2: .*sm_nonesuch") as failed:
+        warmup.wait()
+    assert "--help" not in str(failed.value)
+    with pytest.raises(pytest.fail.Exception):  # the same answer for every test that waits
+        warmup.wait()
+
+
+def test_a_warmup_past_its_limit_is_killed(monkeypatch, tmp_path):
+    python = tmp_path / "python"  # a warm-up that never ends
+    python.write_text("#!/bin/sh\nexec sleep 60\n")
+    python.chmod(0o755)
+    monkeypatch.setitem(globals(), "WARMUP_TIMEOUT_S", 1)
+    monkeypatch.setattr(sys, "executable", str(python))
+    warmup = LaneWarmup()
+    with pytest.raises(pytest.fail.Exception, match="not done in 1 s"):
+        warmup.wait()
+    assert all(proc.poll() is not None for _, _, proc in warmup.running)
+
+
+# What a GPU image may lack: the other test modules' dependencies, and what the lane never needs.
+NOT_ON_A_GPU_IMAGE = ("hypothesis", "redis", "cryptography", "tqdm", "xdist")
+BLOCK_IMPORTS = f"""
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {NOT_ON_A_GPU_IMAGE!r}:
+            raise ImportError(f"blocked: {{name}} is not on this image")
+
+sys.meta_path.insert(0, Blocked())
+"""
+
+
+def _lane_run(args, tmp_path, cwd, timeout=300):
+    """``python -m pytest ARGS`` in ``cwd`` where the modules a GPU image may lack cannot be imported."""
+    (tmp_path / "blocked").mkdir(exist_ok=True)
+    (tmp_path / "blocked" / "sitecustomize.py").write_text(BLOCK_IMPORTS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "blocked"), *sys.path]),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no plugin of a blocked package (hypothesis', xdist)
+    return subprocess.run([sys.executable, "-m", "pytest", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout)
+
+
 def test_without_a_gpu_the_lane_is_skipped_for_one_reason(tmp_path):
+    """The lane's own command, in the repository, on an image without the other tests' dependencies:
+    only the lane's files are collected, and every test is skipped for one reason."""
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: the lane runs")
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "--tb=no", "-rfEs", "-p", "no:xdist",
-                           str(root / "tests" / "test_gpu_kernels.py"), str(root / "tests" / "test_gpu_engine.py")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    proc = _lane_run(["-m", "gpu", "-v", "--tb=no", "-rfEs"], tmp_path, cwd=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
     assert len(skipped) == 1 and "no CUDA GPU: the GPU lane (pytest -m gpu) runs on one" in skipped[0], proc.stdout
     count = int(skipped[0].split("[", 1)[1].split("]", 1)[0])
     assert count >= 60 and f"{count} skipped" in proc.stdout.splitlines()[-1]
     assert "passed" not in proc.stdout.splitlines()[-1] and "error" not in proc.stdout.lower()
+    files = {line.split("::")[0] for line in proc.stdout.splitlines() if "::" in line and "SKIPPED" in line}
+    assert files == {"tests/test_gpu_kernels.py", "tests/test_gpu_engine.py"}, proc.stdout
+
+
+TIME_LIMITED = """
+import signal
+import time
+
+import pytest
+import torch
+
+torch.cuda.is_available = lambda: True  # the lane's hooks see a GPU; nothing here uses one
+
+
+@pytest.fixture
+def slow_fixture():
+    time.sleep(30)
+
+
+@pytest.mark.gpu(timeout_s=1)
+def test_slow_body():
+    time.sleep(30)
+
+
+@pytest.mark.gpu(timeout_s=1)
+def test_slow_setup(slow_fixture):
+    pass
+
+
+@pytest.mark.gpu(timeout_s=2)
+def test_in_time():
+    time.sleep(0.5)
+
+
+def test_not_in_the_lane_has_no_limit():
+    time.sleep(1.5)
+
+
+@pytest.mark.gpu(timeout_s=1)
+def test_hang_python_cannot_interrupt():  # as a wait inside native code: the alarm never reaches Python
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(60)
+"""
+
+
+def _time_limited_run(tmp_path, *args):
+    folder = tmp_path / "lane"
+    folder.mkdir()
+    (folder / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (folder / "test_limits.py").write_text(TIME_LIMITED)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", "--tb=line", "-rfE", "-o",
+                           "markers=gpu: the lane", "-o", "addopts=-p no:cacheprovider", *args, str(folder)],
+                          capture_output=True, text=True, cwd=folder, timeout=120)
+    return proc, time.monotonic() - start
+
+
+def test_a_gpu_test_past_its_limit_fails_and_the_lane_goes_on(tmp_path):
+    proc, took = _time_limited_run(tmp_path, "-k", "not hang")
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "1 failed, 2 passed" in last and "1 error" in last, proc.stdout
+    assert "test_slow_body - " in proc.stdout and "over its time limit of 1 s" in proc.stdout, proc.stdout
+    assert "ERROR" in proc.stdout and "test_slow_setup" in proc.stdout
+    assert took < 30  # neither 30 s sleep ran out: both were cut at 1 s
+
+
+@pytest.mark.slow
+def test_a_hang_in_native_code_ends_the_run_with_tracebacks(tmp_path):
+    """Python never sees the alarm: 30 s after the limit the process ends, saying where it waited."""
+    proc, took = _time_limited_run(tmp_path, "-k", "hang")
+    assert proc.returncode != 0
+    assert "Timeout" in proc.stderr and "test_hang_python_cannot_interrupt" in proc.stderr, proc.stderr
+    assert 30 < took < 60
