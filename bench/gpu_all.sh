@@ -5,12 +5,12 @@
 #     [BUDGET_S=780] bash bench/gpu_all.sh OUTDIR [STEP ...]
 #
 # Steps (default: all, in this order): env attention kvformats align fp4 dispatch kernels warm hostfloor
-# engine throughput moe. The kernel benchmarks come first: they compile what they time before timing it,
-# and they are what a short loan of a GPU is for. The warm step fills the cache (every shipped spec
-# and both engine configs) before the engine steps, which then serve with --jit-policy error. A
-# failing step prints its exit status and the run goes on. With BUDGET_S, the whole run stays
-# within that many seconds: each step's limit is cut to what is left, and a step with less than 15 s
-# left is skipped with a line saying so.
+# engine throughput moe lane (the GPU test lane, pytest -m gpu: docs/testing.md). The kernel benchmarks
+# come first: they compile what they time before timing it, and they are what a short loan of a GPU is
+# for. The warm step fills the cache (every shipped spec and both engine configs) before the engine
+# steps, which then serve with --jit-policy error. A failing step prints its exit status and the run
+# goes on. With BUDGET_S, the whole run stays within that many seconds: each step's limit is cut to
+# what is left, and a step with less than 15 s left is skipped with a line saying so.
 set -u
 out=${1:?usage: bash bench/gpu_all.sh OUTDIR [STEP ...]}
 shift
@@ -18,7 +18,7 @@ mkdir -p "$out"
 bench=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env attention kvformats align fp4 dispatch kernels warm hostfloor engine throughput moe)
+[ ${#steps[@]} -eq 0 ] && steps=(env attention kvformats align fp4 dispatch kernels warm hostfloor engine throughput moe lane)
 export PYTHONUNBUFFERED=1
 
 run() {  # run NAME LIMIT_S CMD...: log to OUTDIR/NAME.log, print its tail and status
@@ -73,11 +73,14 @@ $py -m tritonwarm env --json -o '$out/env.json'" ;;
     engine)
         for config in ${ENGINE_CONFIGS:-tiny deepseek-v2-lite}; do
             run "engine_$config" 300 $py "$bench/engine_modes.py" --config "$config" --requests 4 \
-                --max-tokens 8 --jit-policy "${JIT_POLICY:-error}" --json "$out/engine_$config.json"
+                --max-tokens 8 --max-prompt 128 --jit-policy "${JIT_POLICY:-error}" --json "$out/engine_$config.json"
         done ;;
     throughput)
         run throughput 300 $py "$bench/engine_throughput.py" ${THROUGHPUT_FLAGS:---concurrency 1,16,64 --max-tokens 16} \
             --json "$out/throughput.json" ;;
+    lane)  # its own fresh cache (warmed inside, for local); one line per failure, then the counts
+        run lane 480 bash -c "cd '$bench/..' && $py -m pytest -m gpu -q --tb=no -rfEs tests/test_gpu_kernels.py \
+tests/test_gpu_engine.py" ;;
     *)
         echo "unknown step $step" ;;
     esac

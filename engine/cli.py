@@ -109,6 +109,7 @@ def cmd_engine_run(args) -> int:
         "startup_missing": len(report.startup_missing),
         "launches": dict(sorted((k.rsplit(".", 1)[-1], v) for k, v in monitor.launches.items())),
         **kv_cache_summary(config, args.kv_memory_gib),
+        "peak_gpu_allocated_bytes": report.peak_gpu_allocated, "peak_gpu_reserved_bytes": report.peak_gpu_reserved,
     }
     if args.json:
         print(json.dumps({"outputs": result.outputs, **summary}, indent=1))
@@ -123,6 +124,8 @@ def cmd_engine_run(args) -> int:
               f"({summary['serve_compile_seconds']} s); cache hits {summary['cache_hits']}, "
               f"misses {summary['cache_misses']}")
         print(format_kv_cache_summary(summary))
+        if summary["peak_gpu_allocated_bytes"] is not None:
+            print(format_gpu_peak(summary))
     return 0
 
 
@@ -148,3 +151,9 @@ def format_kv_cache_summary(summary: dict) -> str:
     if "kv_tokens_at_memory" in summary:
         line += f"; {summary['kv_memory_gib']:g} GiB hold {summary['kv_tokens_at_memory']} tokens"
     return line
+
+
+def format_gpu_peak(summary: dict) -> str:
+    """The run's peak GPU memory: weights, KV cache, CUDA graphs and activations, from start-up on."""
+    return (f"peak GPU memory: {summary['peak_gpu_allocated_bytes'] / 2**20:.1f} MiB allocated by PyTorch "
+            f"({summary['peak_gpu_reserved_bytes'] / 2**20:.1f} MiB reserved)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,16 +26,26 @@ from .platform_defaults import capture_sizes
 from .scheduler import Request, ScheduledBatch, Scheduler
 from .weights import load_weights, random_weights
 
+# (request ids, each one's index of the token being sampled, logits [rows, vocab]) -> the tokens
+Sampler = Callable[[list[int], list[int], torch.Tensor], list[int]]
+
 
 class Engine:
-    def __init__(self, config: EngineConfig, mode: str = "triton", device="cpu", weights_path=None):
+    def __init__(self, config: EngineConfig, mode: str = "triton", device="cpu", weights_path=None,
+                 weights_dtype: torch.dtype | None = None):
+        """``weights_dtype``: make the weights in this dtype, then compute in ``config.dtype`` (bf16
+        weights in fp32: the same model without bf16 arithmetic). Default: ``config.dtype``."""
         self.config = config
         self.device = torch.device(device)
         self.ops = get_ops(mode)
+        made = weights_dtype or config.dtype
         if weights_path is not None and self.device.type != "meta":
-            weights = load_weights(weights_path, config.model, config.dtype, self.device)
+            weights = load_weights(weights_path, config.model, made, self.device)
         else:
-            weights = random_weights(config.model, config.dtype, self.device, config.seed)
+            weights = random_weights(config.model, made, self.device, config.seed)
+        if made != config.dtype:
+            for name in weights:  # one tensor at a time: never two copies of the model
+                weights[name] = weights[name].to(config.dtype)
         self.model = Model(config, weights, self.ops, self.device)
         # CUDA graphs of decode steps: a GPU and the Triton ops (the references read values on the
         # host, which a graph cannot hold), at the config's sizes or this GPU's defaults. One KV block
@@ -77,8 +88,9 @@ class Engine:
             sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
         )
 
-    def execute(self, batch: ScheduledBatch) -> dict[int, int]:
-        """Run one scheduled step; returns ``{request_id: sampled token}`` for requests that sample."""
+    def execute(self, batch: ScheduledBatch, sampler: Sampler | None = None) -> dict[int, int]:
+        """Run one scheduled step; returns ``{request_id: sampled token}`` for requests that sample.
+        Greedy, unless a ``sampler`` (teacher forcing, ``logits.py``) picks the tokens."""
         if batch.new_blocks:  # a recycled block must not show its previous owner's KV
             self.ops.kv_block_zero(self.kv.tensor, as_int32(batch.new_blocks, self.device))
         step = self.step_inputs(batch)
@@ -90,11 +102,14 @@ class Engine:
             # Traced on meta tensors there are no logits to read: a fixed token that is not a stop
             # token keeps every request running to max_tokens, the longest (most launching) path.
             tokens = [_fake_token(seq.request.stop_token_ids) for seq in sampling]
+        elif sampler is not None:
+            tokens = sampler([seq.request_id for seq in sampling], [len(seq.output) for seq in sampling], logits)
         else:
             tokens = logits.argmax(dim=-1).tolist()  # greedy
         return {seq.request_id: token for seq, token in zip(sampling, tokens, strict=True)}
 
-    def run(self, requests: list[Request], monitor: DispatchMonitor | None = None) -> RunResult:
+    def run(self, requests: list[Request], monitor: DispatchMonitor | None = None,
+            sampler: Sampler | None = None) -> RunResult:
         result = RunResult()
         pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.request_id)))
         sequences = {}
@@ -110,7 +125,10 @@ class Engine:
             batch = self.scheduler.schedule(step)
             if batch is None:
                 raise RuntimeError("the scheduler made no progress")  # preemption makes this unreachable
-            sampled = self.execute(batch)
+            step_start = time.perf_counter()
+            sampled = self.execute(batch, sampler)  # ends in a host read of the tokens: the device is done
+            if is_graph_step(batch):
+                result.decode_step_seconds.append(time.perf_counter() - step_start)
             self.scheduler.update(batch, sampled)
             if sampled and result.first_token_seconds is None:
                 result.first_token_seconds = time.perf_counter() - start
@@ -144,6 +162,7 @@ class RunResult:
     first_seen: dict[str, dict] = field(default_factory=dict)  # cache hash -> first step that launched it
     preemptions: int = 0  # preemption events in this run
     request_preemptions: list[int] = field(default_factory=list)  # times each request was preempted, id order
+    decode_step_seconds: list[float] = field(default_factory=list)  # each step in which every request decoded
 
     @property
     def generated_tokens(self) -> int:

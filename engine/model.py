@@ -35,6 +35,7 @@ class StepInputs:
 
 class Model:
     def __init__(self, config: EngineConfig, weights: dict[str, torch.Tensor], ops: Ops, device):
+        """``weights`` is consumed: the tensors fused into stacked ones are removed from it."""
         cfg = self.cfg = config.model
         self.config, self.ops, self.device = config, ops, torch.device(device)
         self.embed = weights["model.embed_tokens.weight"]
@@ -148,9 +149,11 @@ def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, t
         "o_proj": weights[p + "self_attn.o_proj.weight"],
     }
     dense = i < cfg.first_dense_layers
+    # Fused tensors are copies: each original leaves ``weights`` as it is fused, so building holds one
+    # layer's copies at a time, not a second model.
     if dense or cfg.num_shared_experts:
         mlp = p + ("mlp." if dense else "mlp.shared_experts.")
-        layer["gate_up"] = torch.cat([weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]])
+        layer["gate_up"] = torch.cat([weights.pop(mlp + "gate_proj.weight"), weights.pop(mlp + "up_proj.weight")])
         layer["down"] = weights[mlp + "down_proj.weight"]
     if not dense:
         experts = [f"{p}mlp.experts.{e}." for e in range(cfg.num_experts)]
@@ -158,8 +161,8 @@ def _layer_weights(weights: dict[str, torch.Tensor], cfg, i: int) -> dict[str, t
         if cfg.correction_bias:
             layer["router_bias"] = weights[p + "mlp.gate.e_score_correction_bias"].float()
         layer["experts_gate_up"] = torch.stack(
-            [torch.cat([weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]) for e in experts])
-        layer["experts_down"] = torch.stack([weights[e + "down_proj.weight"] for e in experts])
+            [torch.cat([weights.pop(e + "gate_proj.weight"), weights.pop(e + "up_proj.weight")]) for e in experts])
+        layer["experts_down"] = torch.stack([weights.pop(e + "down_proj.weight") for e in experts])
     return layer
 
 

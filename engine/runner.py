@@ -15,7 +15,8 @@ import torch
 from ..jit.core.dispatch_record import write_record
 from ..jit.serving.monitor import DispatchMonitor
 from .config import EngineConfig
-from .engine import Engine, RunResult
+from .engine import Engine, RunResult, Sampler
+from .memory import GpuPeak, refuse_if_it_cannot_fit
 from .plan import startup_check
 from .platform_defaults import for_target
 from .scheduler import Request
@@ -52,6 +53,8 @@ class ServeReport:
     target: str | None
     dry_run: bool
     startup_missing: list[dict] = field(default_factory=list)
+    peak_gpu_allocated: int | None = None  # bytes, PyTorch's allocator at its peak (None: no GPU)
+    peak_gpu_reserved: int | None = None  # bytes it held from the device at its peak
 
     @property
     def serve_compiles(self) -> int:
@@ -65,11 +68,14 @@ class ServeReport:
 
 
 def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton", policy: str = "off",
-          dry_run_target=None, cache_dir=None, weights_path=None) -> ServeReport:
-    """Start the engine (checking its warm-up plan under ``policy``) and run ``requests``.
+          dry_run_target=None, cache_dir=None, weights_path=None, sampler: Sampler | None = None,
+          weights_dtype: torch.dtype | None = None) -> ServeReport:
+    """Start the engine (checking its warm-up plan under ``policy``) and run ``requests``; the engine
+    is dropped on return (nothing here keeps it), so runs one after another hold one at a time.
 
     Raises ``JitPolicyError`` under policy ``error`` when the cache lacks a variant, at start-up or
-    at the first launch that needs it.
+    at the first launch that needs it; ``ValueError`` when a CPU engine would not fit in memory.
+    ``sampler`` and ``weights_dtype``: see ``Engine`` (teacher forcing, ``logits.py``).
     """
     from ..jit.cache import refuse_if_served_elsewhere, resolve_cache_dir
     from ..jit.cache.triton_dir import triton_cache_dir
@@ -86,11 +92,15 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
         refuse_if_served_elsewhere(cache_dir)
     missing = startup_check(config, target, cache_dir, policy) if target is not None and policy != "off" else []
     device = "meta" if dry_run else ("cuda" if gpu else "cpu")
+    if device == "cpu":
+        refuse_if_it_cannot_fit(config)  # before any weight is made
     monitor = DispatchMonitor(cache_dir, policy)
     # Triton reads the cache that was checked (not its own default): in this process, the environment untouched
-    with triton_cache_dir(cache_dir):
-        engine = Engine(config, mode, device, weights_path)
+    with triton_cache_dir(cache_dir), GpuPeak(torch.device(device)) as peak:
+        engine = Engine(config, mode, device, weights_path, weights_dtype)
         with (monitor.dry_run(target) if dry_run else monitor.serving()):
             engine.capture_graphs()  # GPU only: start-up, under the same policy as serving
-            result = engine.run(requests, monitor)
-    return ServeReport(result, monitor, target.name if target else None, dry_run, missing)
+            result = engine.run(requests, monitor, sampler)
+        del engine  # before the peak is read and the caller's next engine is built
+    return ServeReport(result, monitor, target.name if target else None, dry_run, missing, peak.allocated,
+                       peak.reserved)

@@ -3,7 +3,9 @@ tests never touch the user's caches; CPU tensors run in Triton's interpreter aut
 
 import argparse
 import contextlib
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,10 +35,104 @@ TRITON_VERSION_FILES = {
 }
 
 
+# The GPU lane (``pytest -m gpu``, docs/testing.md): its files, and each test's time limit unless its
+# marker says otherwise (``@pytest.mark.gpu(timeout_s=...)``), so that one hang cannot take a short
+# loan of a GPU: past it the test fails; a hang in native code that Python cannot interrupt ends the
+# run 30 s later, with every thread's traceback.
+GPU_LANE_FILES = ("test_gpu_kernels.py", "test_gpu_engine.py")
+GPU_TEST_TIMEOUT_S = 120
+
+
+def pytest_ignore_collect(collection_path, config):
+    """``-m gpu`` collects the lane's files only: a GPU image needs none of the other test modules'
+    dependencies (hypothesis, redis), and collection takes no time."""
+    if (config.getoption("markexpr") == "gpu" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_") and collection_path.name not in GPU_LANE_FILES):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in TRITON_VERSION_FILES:
             item.add_marker(pytest.mark.triton_version)
+    # The lane's warm-up starts as soon as the lane is collected on a GPU, so that its compiles (on the
+    # host's cores) overlap the kernel tests (on the GPU) instead of following them.
+    lane = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if lane and not config.getoption("collectonly") and _has_cuda():
+        for module in {id(item.module): item.module for item in lane}.values():
+            start = getattr(module, "start_lane_warmup", None)
+            if start is not None:
+                start()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The GPU lane (``@pytest.mark.gpu``) without a GPU: skipped before any fixture runs, from this one
+    place, so ``-rs`` prints one line for the whole lane."""
+    if item.get_closest_marker("gpu") is not None and not _has_cuda():
+        pytest.skip("no CUDA GPU: the GPU lane (pytest -m gpu) runs on one")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpu_test_timeout(item) -> int | None:
+    marker = item.get_closest_marker("gpu")
+    return None if marker is None else int(marker.kwargs.get("timeout_s", GPU_TEST_TIMEOUT_S))
+
+
+class GpuTestTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int | None):
+    """Fail the block after ``seconds`` (SIGALRM); ``None``: no limit. A hang in native code never
+    returns to Python: faulthandler then ends the process 30 s later and prints where each thread was."""
+    if seconds is None or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise GpuTestTimeout(f"over its time limit of {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    faulthandler.dump_traceback_later(seconds + 30, exit=True, file=_STDERR_FD or sys.__stderr__)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.cancel_dump_traceback_later()
+        signal.signal(signal.SIGALRM, previous)
+
+
+class GpuTestTimeLimits:
+    """The time limit around a GPU test's setup (its fixtures: the lane's warm-up, its tensors) and,
+    afresh, around its body."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item):
+        with time_limit(gpu_test_timeout(item)):
+            yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        with time_limit(gpu_test_timeout(item)):
+            yield
+
+
+_STDERR_FD: int | None = None  # the terminal's stderr, which pytest does not capture
+
+
+def pytest_configure(config):
+    global _STDERR_FD
+    _STDERR_FD = os.dup(sys.stderr.fileno())  # pytest's capture is suspended while plugins configure
+    config.pluginmanager.register(GpuTestTimeLimits(), "gpu-test-time-limits")
 
 
 @pytest.fixture
