@@ -14,7 +14,8 @@ Inside ``server_tensors(backing)`` every allocation asked for on ``cuda`` is mad
 instead (``meta`` while warming, ``cpu`` for a test that plays the server) and comes back as a
 ``ServerTensor``; operations on ``ServerTensor`` s give ``ServerTensor`` s. Host code that reads a
 meta tensor's values (``.item()``, ``.tolist()``, ``nonzero()``, ``if t:``) fails with
-``DataDependentError`` naming the user's file and line and the spec field that provides them.
+``DataDependentError`` naming the user's file and line and the spec field that provides them. A
+tensor whose values the call gives (``torch.tensor(1.0, device="cuda")``) is a real CPU tensor.
 
 ``server_tensors("meta", meta_as_cuda=True)`` (a dry-run ``record``) also takes the program's own
 ``meta`` tensors for the server's: a program run with ``--device meta`` stands them in for its GPU,
@@ -160,6 +161,7 @@ _DATA_READS = {
     torch.equal: "torch.equal", _PLAIN.equal: ".equal()",
 }
 _TO_HOST = {_PLAIN.cpu, _PLAIN.numpy}
+_VALUES_GIVEN = {torch.tensor, torch.as_tensor, torch.scalar_tensor}  # factories whose values are in the call
 
 
 def _autograd_functions() -> set:
@@ -289,6 +291,8 @@ def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bo
         backing = torch.device("meta")
     if func is _PLAIN.cuda:
         return args[0] if isinstance(args[0], ServerTensor) else ServerTensor(args[0].to(backing))
+    if func in _VALUES_GIVEN and not fakes:
+        backing = torch.device("cpu")  # torch.tensor(1.0, device="cuda"): the call gives its values; keep them
     to_cuda = to_host = False
     if "device" in kwargs and kwargs["device"] is not None:
         to_cuda = _is_cuda(kwargs["device"], meta_as_cuda)
