@@ -10,6 +10,7 @@ keys of a spec with ``requires_grad:`` and of a dry-run ``record`` must be the k
 """
 
 import importlib.util
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -297,3 +298,158 @@ def test_a_dry_run_stops_at_a_read_in_one_line_and_its_partial_plan_fails_warmup
     assert "partial" not in plan_file.read_text()
     run_cli("warmup", plan_file, "--target", "sm90", "--cache-dir", cache, "--jobs", "1", rc=0)
     run_cli("check", plan_file, "--target", "sm90", "--cache-dir", cache, rc=0)
+
+
+# --------------------------------------------------------------------------- Liger-Kernel, unmodified
+
+
+@pytest.fixture
+def liger():
+    """Liger-Kernel's ops package, by name (the test extra installs it; not imported here: the played
+    server and the dry run import it under the target's answers, as the serving process does)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        if os.environ.get("CI") == "true":  # the test extra installs it: CI runs these tests
+            pytest.fail("liger-kernel is not installed: pip install -e '.[test]'")
+        pytest.skip("liger-kernel is not installed (pip install -e '.[test]')")
+    return "liger_kernel.ops"
+
+
+LIGER_ROWS = [(1, 256), (37, 2048), (300, 4096)]  # rows, hidden
+LIGER_ROPE = [(1, 8, 2, 37, 64), (2, 32, 8, 128, 128)]  # batch, q heads, kv heads, sequence, head dim
+
+
+def liger_training(device: str):
+    """A training step through Liger's RMSNorm, SwiGLU and RoPE Functions, as a user's program calls
+    them: inputs that require grad, forward, backward (seeded, and through torch's own ops)."""
+
+    def step(ops):
+        for dtype in (torch.bfloat16, torch.float32):
+            for rows, hidden in LIGER_ROWS:
+                x = torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True)
+                w = torch.ones(hidden, dtype=dtype, device=device).requires_grad_()
+                y = ops.rms_norm.LigerRMSNormFunction.apply(x, w, 1e-6)
+                y.backward(torch.randn_like(y))
+                a, b = (torch.randn(rows, hidden, dtype=dtype, device=device, requires_grad=True) for _ in "ab")
+                ops.swiglu.LigerSiLUMulFunction.apply(a, b).float().pow(2).mean().backward()
+                assert x.grad.shape == x.shape and w.grad.shape == w.shape and b.grad.shape == b.shape
+            for batch, heads, kv_heads, seq, head_dim in LIGER_ROPE:
+                q = torch.randn(batch, heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True)
+                k = torch.randn(batch, kv_heads, seq, head_dim, dtype=dtype, device=device, requires_grad=True)
+                cos, sin = (torch.randn(1, seq, head_dim, dtype=dtype, device=device) for _ in "cs")
+                q2, k2 = ops.rope.LigerRopeFunction.apply(q, k, cos, sin)
+                (q2.float().sum() + k2.float().sum()).backward()
+                assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+    return step
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=pytest.mark.slow)])
+def test_a_dry_run_record_of_liger_functions_forward_and_backward_is_the_servers_plan(tmp_path, liger, device):
+    plan_file = dry_run_plan(tmp_path, "sm90", liger, liger_training(device))
+    planned = planned_keys(plan_file, "sm90")
+    assert planned == server_keys(tmp_path, "sm90", liger, liger_training("cuda"))
+    kernels = {v.kernel.rsplit(".", 1)[-1] for v in plan(load_specs([plan_file]), TARGETS["sm90"]).variants.values()}
+    assert {"_rms_norm_backward_kernel", "_swiglu_backward_kernel", "_triton_rope"} <= kernels
+
+
+CROSS_ENTROPY_SPEC = """
+launcher: liger_kernel.ops.cross_entropy:LigerCrossEntropyFunction.apply
+capture: all
+axes: {train: [true, false], dtype: [bfloat16, float32]}
+groups: {size: {rows: [4, 37], vocab: [1000, 32000]}}
+args:
+  - {tensor: [$rows, $vocab], dtype: $dtype, requires_grad: $train}
+  - {tensor: [$rows], dtype: int64, values: '$[3] * rows'}
+  - null
+---
+launcher: liger_kernel.ops.cross_entropy:cross_entropy_backward
+capture: all
+axes: {dtype: [bfloat16, float32]}
+groups: {size: {rows: [4, 37], vocab: [1000, 32000]}}
+args: [{tensor: [$rows, $vocab], dtype: $dtype}, {tensor: [], dtype: $dtype, values: [2.0]}]
+"""
+
+
+def cross_entropy_training(ops):
+    """Liger's cross entropy on logits that require grad (training) or not, and a scaled loss's backward."""
+    for dtype in (torch.bfloat16, torch.float32):
+        for rows, vocab in ((4, 1000), (37, 32000)):
+            for train in (True, False):
+                logits = torch.randn(rows, vocab, dtype=dtype, device="cuda", requires_grad=train)
+                target = torch.full((rows,), 3, device="cuda")
+                loss = ops.cross_entropy.LigerCrossEntropyFunction.apply(logits, target, None)[0]
+                if train:
+                    (loss * 2.0).backward()
+                    assert logits.grad.shape == logits.shape
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target_name", BOTH)
+def test_a_cross_entropy_spec_with_requires_grad_warms_the_servers_training_keys(tmp_path, liger, target_name):
+    spec = tmp_path / "cross_entropy.yaml"
+    spec.write_text(CROSS_ENTROPY_SPEC)
+    server = server_keys(tmp_path, target_name, liger, cross_entropy_training)
+    the_plan = plan(load_specs([spec]), TARGETS[target_name])
+    assert not the_plan.errors and set(the_plan.variants) == server
+    assert {v.args.get("HAS_GRADIENTS") for v in the_plan.variants.values()} == {"=True", "=False", None}
+
+    spec.write_text(CROSS_ENTROPY_SPEC.replace("requires_grad: $train", "requires_grad: false"))
+    assert planned_keys(spec, target_name) < server  # the training variants: what a spec could not say
+
+
+@pytest.mark.slow
+def test_a_dry_run_that_liger_stops_with_a_read_names_the_program_and_the_librarys_line(tmp_path, liger):
+    program = tmp_path / "ce_program.py"
+    program.write_text(textwrap.dedent("""
+        import torch
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+
+
+        def run():
+            logits = torch.randn(4, 1000, device="cuda", requires_grad=True)
+            return LigerCrossEntropyFunction.apply(logits, torch.full((4,), 3, device="cuda"), None)
+        """))
+    spec = importlib.util.spec_from_file_location(f"ce_program_{tmp_path.name}", program)
+    with recording(tmp_path / "record.jsonl", "sm90"), pytest.raises(DataDependentError) as raised:
+        spec.loader.exec_module(module := importlib.util.module_from_spec(spec))
+        module.run()
+    message = str(raised.value)
+    assert message.startswith(f"{program}:8 (at ") and "liger_kernel/ops/cross_entropy.py:" in message
+    assert message.endswith("or warm that library call from a spec that gives the tensor's values (values:)")
+
+
+ISSUE_PROGRAM = textwrap.dedent("""
+    import argparse
+
+    import torch
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cuda")
+    device = parser.parse_args().device
+    for hidden in (2048, 4096):
+        for rows in (1, 37, 4096):
+            x = torch.randn(rows, hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+            w = torch.ones(hidden, dtype=torch.bfloat16, device=device).requires_grad_(True)
+            y = LigerRMSNormFunction.apply(x, w, 1e-6)
+            y.backward(torch.ones_like(y))
+            assert x.grad.shape == x.shape and w.grad.shape == w.shape
+    """)
+
+
+@pytest.mark.slow
+def test_tritonwarm_record_of_a_training_program_records_every_launch_the_server_makes(tmp_path, liger, run_cli):
+    program, plan_file = tmp_path / "train.py", tmp_path / "train.plan.yaml"
+    program.write_text(ISSUE_PROGRAM)
+    proc = run_cli("record", "-o", plan_file, "--target", "sm90", "--", sys.executable, program, rc=0)
+    assert proc.stdout.strip().splitlines()[-1].startswith("recorded 8 launches of 2 kernels (dry run for sm90)")
+
+    def server_step(ops):
+        for hidden in (2048, 4096):
+            for rows in (1, 37, 4096):
+                x = torch.randn(rows, hidden, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+                w = torch.ones(hidden, dtype=torch.bfloat16, device="cuda").requires_grad_(True)
+                y = ops.rms_norm.LigerRMSNormFunction.apply(x, w, 1e-6)
+                y.backward(torch.ones_like(y))
+
+    assert planned_keys(plan_file, "sm90") == server_keys(tmp_path, "sm90", liger, server_step)
