@@ -9,6 +9,7 @@ backward are the server's too. The judge is the serving process played on this m
 keys of a spec with ``requires_grad:`` and of a dry-run ``record`` must be the keys it asks for.
 """
 
+import copy
 import importlib.util
 import os
 import sys
@@ -120,6 +121,10 @@ def training_step(device: str) -> list:
     state("weight after a step", layer.weight)
     seen.append(("a Parameter", isinstance(layer.weight, torch.nn.Parameter),
                  "exp_avg" in optimizer.state[layer.weight]))
+    twin = copy.deepcopy(layer)
+    twin(x).sum().backward()
+    state("weight of a deep copy", twin.weight)
+    seen.append(("a copy's own", twin.weight is not layer.weight, isinstance(twin.weight, torch.nn.Parameter)))
     x.grad = None
     state("x after .grad = None", x)
     seen += Probe.seen
@@ -134,8 +139,9 @@ def _named(seen: list, device_type: str) -> list:
 @pytest.mark.parametrize("program_device, dry_run", [("cuda", False), ("cuda", True), ("meta", True)])
 def test_server_tensors_have_the_autograd_state_plain_tensors_have(program_device, dry_run):
     """requires_grad (factory, requires_grad_(), the attribute), grad_fn, .grad, a Function's forward and
-    backward, no_grad, inference_mode, torch.autograd.grad, nn.Linear and an Adam step: what host code
-    sees on a ServerTensor is what it sees on plain CPU tensors, with cuda for the device."""
+    backward, no_grad, inference_mode, torch.autograd.grad, nn.Linear, an Adam step and a deep copy of
+    the model: what host code sees on a ServerTensor is what it sees on plain CPU tensors, with cuda for
+    the device."""
     expected = _named(training_step("cpu"), "cpu")
     with server_tensors("meta", meta_as_cuda=dry_run):
         seen = _named(training_step(program_device), "cuda")

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
+import functools
 import inspect
 import os
 import sys
@@ -93,6 +95,23 @@ class ServerTensor(torch.Tensor):
         if plain.is_meta:  # the address the same view has on the server's (aligned) allocator
             return plain.storage_offset() * plain.element_size()
         return plain.data_ptr()
+
+    def __deepcopy__(self, memo):
+        """A leaf's copy (``copy.deepcopy(model)``): the same layout, ``requires_grad``, ``.grad`` and
+        attributes (a ``Parameter``'s mark); autograd copies leaves only, as for plain tensors."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch._C.DisableTorchFunction():
+            if not self.is_leaf:
+                return _PLAIN.__deepcopy__(self.as_subclass(_PLAIN), memo)  # torch's own refusal
+            copied = copy.deepcopy(self.detach(), memo).requires_grad_(self.requires_grad)
+        tensor = ServerTensor(copied, self.arg)
+        memo[id(self)] = tensor
+        tensor.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "arg"}, memo))
+        if self.grad is not None:
+            with torch._C.DisableTorchFunction():
+                tensor.grad = copy.deepcopy(self.grad, memo)
+        return tensor
 
     def __repr__(self, *args, **kwargs) -> str:
         plain = self.as_subclass(_PLAIN)
@@ -186,20 +205,24 @@ def _dress_gradients(tensor: ServerTensor) -> None:
     """Gradients autograd computes for ``tensor`` reach Python (a ``Function``'s backward, ``.grad``,
     hooks) as ``ServerTensor`` s: host code in a backward asks them where they live too."""
     with torch._C.DisableTorchFunction():
-        if not tensor.requires_grad or getattr(tensor, "_gradients_dressed", False):
+        if not tensor.requires_grad:
             return
-        tensor.register_hook(lambda grad, arg=tensor.arg: None if isinstance(grad, ServerTensor) else
-                             ServerTensor(grad, arg))
-    tensor._gradients_dressed = True
+        hooks = tensor._backward_hooks or {}
+        if not any(isinstance(h, functools.partial) and h.func is _dressed_gradient for h in hooks.values()):
+            tensor.register_hook(functools.partial(_dressed_gradient, arg=tensor.arg))
+
+
+def _dressed_gradient(grad: torch.Tensor, arg: str | None):
+    return None if isinstance(grad, ServerTensor) else ServerTensor(grad, arg)
 
 
 def _run_autograd(func, args, kwargs, server: list[ServerTensor]):
     """``func`` of ``_AUTOGRAD`` on the tensors as they are; a ``.grad`` is kept as a ``ServerTensor``
     (the same one on every read)."""
-    for tensor in server:
-        _dress_gradients(tensor)
     with torch._C.DisableTorchFunctionSubclass():
         result = func(*args, **kwargs)
+    for tensor in server:
+        _dress_gradients(tensor)  # requires_grad_(): from now on
     if func == _GRAD and isinstance(args[0], ServerTensor) and type(result) is _PLAIN:
         dressed = ServerTensor(result, args[0].arg)
         with torch._C.DisableTorchFunction():
