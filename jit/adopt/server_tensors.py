@@ -445,6 +445,8 @@ def _data_error(what: str, server: list[ServerTensor]) -> DataDependentError:
     if _dry_run.get():  # a program's dry run: no spec to give values in; name the program's own line
         reading, program = user_frame(), user_frame(program=True)
         inside = reading not in (program, "<unknown>")  # a library the program calls reads them
+        if program == "<unknown>":  # the program itself is an installed package
+            program, inside = reading, False
         return DataDependentError(
             f"{program}{f' (at {reading})' if inside else ''}: {what} reads the values of a device tensor ({shown}), "
             "which a dry run does not have: record this program on a machine with the GPU (tritonwarm record "
