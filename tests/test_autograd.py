@@ -424,38 +424,18 @@ def test_a_dry_run_that_liger_stops_with_a_read_names_the_program_and_the_librar
     assert message.endswith("or warm that library call from a spec that gives the tensor's values (values:)")
 
 
-ISSUE_PROGRAM = textwrap.dedent("""
-    import argparse
-
-    import torch
-    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--device", default="cuda")
-    device = parser.parse_args().device
-    for hidden in (2048, 4096):
-        for rows in (1, 37, 4096):
-            x = torch.randn(rows, hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
-            w = torch.ones(hidden, dtype=torch.bfloat16, device=device).requires_grad_(True)
-            y = LigerRMSNormFunction.apply(x, w, 1e-6)
-            y.backward(torch.ones_like(y))
-            assert x.grad.shape == x.shape and w.grad.shape == w.shape
-    """)
-
-
 @pytest.mark.slow
-def test_tritonwarm_record_of_a_training_program_records_every_launch_the_server_makes(tmp_path, liger, run_cli):
-    program, plan_file = tmp_path / "train.py", tmp_path / "train.plan.yaml"
-    program.write_text(ISSUE_PROGRAM)
-    proc = run_cli("record", "-o", plan_file, "--target", "sm90", "--", sys.executable, program, rc=0)
-    assert proc.stdout.strip().splitlines()[-1].startswith("recorded 8 launches of 2 kernels (dry run for sm90)")
+@pytest.mark.parametrize("device", ["cuda", "meta"])
+def test_tritonwarm_record_of_a_training_program_records_every_launch_the_server_makes(tmp_path, liger, run_cli,
+                                                                                    device):
+    """``examples/adopt_liger_train_prog.py``: stopped at its first backward before; now the dry run's plan is
+    the played server's launches, every one (as it runs on the server, and with ``--device meta``)."""
+    from tritonwarm.examples.adopt_liger_train_prog import run
 
-    def server_step(ops):
-        for hidden in (2048, 4096):
-            for rows in (1, 37, 4096):
-                x = torch.randn(rows, hidden, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-                w = torch.ones(hidden, dtype=torch.bfloat16, device="cuda").requires_grad_(True)
-                y = ops.rms_norm.LigerRMSNormFunction.apply(x, w, 1e-6)
-                y.backward(torch.ones_like(y))
-
-    assert planned_keys(plan_file, "sm90") == server_keys(tmp_path, "sm90", liger, server_step)
+    plan_file = tmp_path / "train.plan.yaml"
+    proc = run_cli("record", "-o", plan_file, "--target", "sm90", "--", sys.executable, "-m",
+                   "tritonwarm.examples.adopt_liger_train_prog", "--device", device, rc=0)
+    assert "partial" not in proc.stdout + plan_file.read_text()
+    planned = planned_keys(plan_file, "sm90")
+    assert planned == server_keys(tmp_path, "sm90", liger, lambda ops: run("cuda", ops))
+    assert f"recorded {len(planned)} launches of " in proc.stdout  # one key per distinct launch
