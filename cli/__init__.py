@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     fp_fusion_note = _fp_fusion_warning_once(args)
-    from ..jit.progress import heartbeat
+    from ..jit.pipeline.progress import heartbeat
 
     try:
         with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):

@@ -22,10 +22,10 @@ from tritonwarm.jit import TARGETS
 from tritonwarm.jit.adopt.imports import import_afresh
 from tritonwarm.jit.adopt.play_server import playing_server
 from tritonwarm.jit.adopt.record import read_record, recording, write_plan
-from tritonwarm.jit.adopt.server_tensors import DataDependentError, ServerTensor, server_tensors
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import SpecError, load_specs
+from tritonwarm.jit.core.server_tensors import DataDependentError, ServerTensor, server_tensors
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import SpecError, load_specs
 
 LIBS = Path(__file__).parent / "host_code_libs"
 BOTH = ["sm90", "gfx942"]

@@ -14,15 +14,16 @@ import pytest
 import torch
 from triton import knobs
 from tritonwarm.engine.metrics import EngineMetrics
-from tritonwarm.jit import TARGETS, c_launchers, fake_tensor
-from tritonwarm.jit.check import check
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.kernel import FakeLaunchSink, fake_launches
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import Plan
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.trace import trace_call
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.kernel import FakeLaunchSink, fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.trace import trace_call
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import Plan
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving import c_launchers
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers import rms_norm
 
 SM90 = TARGETS["sm90"]

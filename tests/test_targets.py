@@ -3,7 +3,7 @@
 import pytest
 from triton.runtime.driver import driver
 from tritonwarm.jit import TARGETS, resolve_target, resolve_targets, target_driver
-from tritonwarm.jit.targets import UnknownTargetError, local_target
+from tritonwarm.jit.core.targets import UnknownTargetError, local_target
 
 
 def test_driver_is_restored_after_an_error():
