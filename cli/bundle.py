@@ -196,13 +196,19 @@ def cmd_install(args) -> int:
     from ..jit.cache.bundle import install, point_groups, read_header, serve_from
     from ..jit.cache.env import cache_manager_problem, current_fingerprint, keyed_for_another
     from ..jit.cache.overlay import OVERLAY_ENV, overlay_in_force
+    from ..jit.cache.signing import SignatureError, record_install, rollback_problem
 
     cache_dir = cache_dir_of(args)
     serve_at = serve_at_arg(args.serve_at, cache_dir)
     durable = not args.no_fsync
     with opened_bundle(args) as source:
+        rollback = source.signed_by and not args.allow_rollback and rollback_problem(cache_dir, source.fields)
+        if rollback:
+            raise SignatureError(f"{args.bundle}: {rollback}")
         report = install(source.path, cache_dir, durable=durable, serve_at=serve_at)
         bundle_fp = read_header(source.path)["fingerprint"]
+        if source.signed_by:
+            record_install(cache_dir, source.fields, durable=durable)
     report.path = args.bundle
     report.differences = bundle_differences(report.differences, bundle_fp, current_fingerprint(), _judged(args))
     manager = cache_manager_problem()  # Triton here reads and builds through another store than the folder

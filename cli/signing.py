@@ -31,6 +31,16 @@ def add_trust_args(p, *, verifying: bool = False) -> None:
     p.add_argument("--require-signature", action="store_true",
                    help="refuse a bundle or image that is not signed by --trusted-key")
     p.add_argument("--signature", metavar="SIG", help="the minisign signature file (default: BUNDLE.minisig)")
+    p.add_argument("--name", dest="signed_name", metavar="NAME",
+                   help="the name the signature must name (default: the tag or registry reference given, or the "
+                        "bundle file's name)")
+    p.add_argument("--target", metavar="T[,T...]",
+                   help="the targets the signature must name (a bundle signed for gfx942 is refused for sm90)")
+    p.add_argument("--not-older-than", metavar="DATE",
+                   help="refuse a signature made before DATE (2026-12-04, 2026-12-04T10:00:00 UTC, or unix seconds)")
+    if not verifying:
+        p.add_argument("--allow-rollback", action="store_true",
+                       help="install a bundle signed before the one installed here under the same name")
     p.add_argument("--no-tls-verify", action="store_true",
                    help="pull a registry reference over plain HTTP or unverified TLS (a registry on loopback)")
 
@@ -43,6 +53,9 @@ def add_signing_parsers(bsub) -> None:
                    help="a minisign secret key (tritonwarm bundle keygen, or minisign -G)")
     s.add_argument("--password-file", metavar="FILE", help="the password of an encrypted secret key (else asked for)")
     s.add_argument("--out", metavar="SIG", help="where to write the signature (default: BUNDLE.minisig)")
+    s.add_argument("--name", metavar="NAME",
+                   help="the name it is published under, which installs must ask for (default: the image's tag, or "
+                        "the bundle file's name); e.g. kernels/rms:sm90 to bind the repository too")
     s.add_argument("--print-comment", action="store_true",
                    help="print the file to sign and the trusted comment for `minisign -S -m FILE -t COMMENT`, "
                         "and sign nothing")
@@ -62,11 +75,24 @@ def opened_bundle(args):
     key = signing.read_public_key(args.trusted_key) if getattr(args, "trusted_key", None) else None
     require = getattr(args, "require_signature", False) or (key is not None and args.key_requires_signature)
     with oci.opened(args.bundle, trusted_key=key, require_signature=require, signature=getattr(args, "signature", None),
-                    tls_verify=not getattr(args, "no_tls_verify", False)) as source:
+                    tls_verify=not getattr(args, "no_tls_verify", False), claim=claim_of(args)) as source:
         if key is not None and not source.signed:
             print(f"tritonwarm: warning: {args.bundle} is not signed; installing it unverified "
                   "(--require-signature refuses it)", file=sys.stderr)
         yield source
+
+
+def claim_of(args):
+    """What ``--name``, ``--target`` and ``--not-older-than`` ask of a signature."""
+    from ..jit.cache import signing
+    from ..jit.core.targets import resolve_targets
+
+    name = getattr(args, "signed_name", None)
+    targets = getattr(args, "target", None)
+    since = getattr(args, "not_older_than", None)
+    return signing.Claim(signing.check_name(name) if name is not None else None,
+                         tuple(t.name for t in resolve_targets(targets)) if targets else (),
+                         signing.parse_date(since) if since is not None else None)
 
 
 def create_oci(args, cache_dir, variants, create):
@@ -93,7 +119,7 @@ def cmd_sign(args) -> int:
     from ..jit.cache import oci, signing
 
     if args.print_comment:
-        target, comment = oci.comment_for(args.bundle)
+        target, comment = oci.comment_for(args.bundle, args.name)
         print(f"file: {target}")
         print(f"trusted comment: {comment}")
         return 0
@@ -106,7 +132,7 @@ def cmd_sign(args) -> int:
         except (OSError, IndexError, UnicodeDecodeError) as e:
             raise UsageError(f"--password-file {args.password_file}: cannot read a password ({e})") from None
     key = signing.read_secret_key(args.key, password)
-    where = oci.sign(args.bundle, key, out=args.out)
+    where = oci.sign(args.bundle, key, out=args.out, name=args.name)
     print(f"signed {args.bundle} with key {key.public.id_text}: {where}")
     return 0
 

@@ -350,9 +350,12 @@ def _check_remote(args) -> int:
         print(json.dumps({"ok": ok, "targets": [r.to_json() for r in reports]}, indent=1))
         return 0 if ok else 1
     for r in reports:
+        trust = f"authenticated with fleet key {r.key_id}" if r.key_id else \
+            "unauthenticated: no fleet key (TRITONWARM_REDIS_KEY or TRITONWARM_REDIS_KEY_FILE)"
         print(f"{r.target}: {'ok' if r.ok else 'PROBLEMS'}: {r.url}: {r.planned} planned, {len(r.present)} present, "
-              f"{len(r.missing)} missing, {len(r.corrupt)} corrupt")
-        for state in ("missing", "corrupt"):
+              f"{len(r.missing)} missing, {len(r.corrupt)} corrupt" + (f", {len(r.forged)} forged" if r.key_id else "")
+              + f"; {trust}")
+        for state in ("missing", "corrupt", "forged"):
             for m in getattr(r, state):
                 print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
                       (f"  ({printable(m['why'])})" if m.get("why") else ""))

@@ -664,3 +664,255 @@ def test_check_counts_what_the_fleet_holds_as_served(warmed, redis_server, tmp_p
     assert len(check(the_plan, serving).missing) == 1
     assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(serving)]) == 1
     assert "3 not in the local cache but in the shared cache, intact" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the fleet key: a hostile writer of Redis
+
+FLEET_KEY = "0123456789abcdef" * 4  # 64 characters
+
+
+def _entry_bytes(cache, variant):
+    from tritonwarm.jit.cache.remote import entry_files
+
+    return {name: open(path, "rb").read() for name, path in entry_files(cache, variant.entry_dir,
+                                                                        variant.entry_name).items()}
+
+
+def _delete_half(client, cache, a, b):
+    keys = sorted(client.keys("tritonwarm:*"))
+    client.delete(*keys[::2])
+
+
+def _child_not_stored(client, cache, a, b):
+    from tritonwarm.jit.cache.remote import sha256
+
+    cubin = next(d for n, d in _entry_bytes(cache, a).items() if n.endswith(".cubin"))
+    client.delete(f"tritonwarm:blob:{sha256(cubin)}")
+
+
+def _blob_replaced(client, cache, a, b):
+    from tritonwarm.jit.cache.remote import sha256
+
+    cubin = next(d for n, d in _entry_bytes(cache, a).items() if n.endswith(".cubin"))
+    client.set(f"tritonwarm:blob:{sha256(cubin)}", b"\x7fELF other bytes")
+
+
+def _repointed(client, cache, a, b):
+    """Entry A's key holds B's files, metadata too, written without the fleet key."""
+    from tritonwarm.jit.cache.remote import RedisStore, _group_name
+
+    port = client.connection_pool.connection_kwargs["port"]
+    RedisStore(f"redis://127.0.0.1:{port}", key=None).write_entry(a.entry_dir, _group_name(a), _entry_bytes(cache, b))
+
+
+def _cubin_swapped(client, cache, a, b):
+    """A's cubin swapped for B's valid cubin, A's group rewritten to name it (keeping its MAC, if it had
+    one), A's metadata kept: every hash agrees, and both cubins define the same kernel."""
+    from tritonwarm.jit.cache.remote import _group_name, sha256
+
+    b_cubin = next(d for n, d in _entry_bytes(cache, b).items() if n.endswith(".cubin"))
+    group_key = f"tritonwarm:file:{a.entry_dir}:{_group_name(a)}"
+    group = json.loads(client.get(b"tritonwarm:blob:" + client.get(group_key)))
+    name = next(n for n in group["child_paths"] if n.endswith(".cubin"))
+    group["child_paths"][name] = sha256(b_cubin)
+    data = json.dumps(group, sort_keys=True).encode()
+    client.set(f"tritonwarm:blob:{sha256(data)}", data)
+    client.set(f"tritonwarm:file:{a.entry_dir}:{name}", sha256(b_cubin))
+    client.set(group_key, sha256(data))
+
+
+# The issue's table: Redis damaged before any server runs → what `check --remote` says, then what a
+# serving process hits and compiles (of the 4 variants), then `check --remote` again (self-healing).
+# (check says, server compiles, warnings) without the fleet key / with it; None: as many as check found missing.
+FLEET_TABLE = {
+    "half of all keys deleted": (_delete_half, ("missing", None, 0), ("missing", None, 0)),
+    "a group naming a child hash that is not stored": (_child_not_stored, ("missing", 1, 0), ("missing", 1, 0)),
+    "a blob replaced by other bytes": (_blob_replaced, ("corrupt", 1, 0), ("corrupt", 1, 0)),
+    "an entry repointed at another variant's files, metadata too": (_repointed, ("corrupt", 1, 1),
+                                                                    ("forged", 1, 1)),
+    "one entry's cubin swapped for another variant's valid cubin": (_cubin_swapped, (None, 0, 0), ("forged", 1, 1)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "fleet key"])
+@pytest.mark.parametrize("row", FLEET_TABLE)
+def test_redis_damaged_before_a_server_runs(warmed, redis_server, tmp_path, monkeypatch, caplog, capsys,
+                                            compile_counter, rms_norm_runtime, row, keyed):
+    """Each row: ``check --remote`` counts the damage, a server compiles exactly what it refuses (with
+    one warning where Redis says something false), pushes it, and Redis is whole again. Without a fleet
+    key the swapped cubin goes unseen, and ``check --remote`` says it is unauthenticated."""
+    import torch
+    from tritonwarm.jit.cache import remote
+
+    damage, unkeyed, with_key = FLEET_TABLE[row]
+    state, compiles, warnings = with_key if keyed else unkeyed
+    if keyed:
+        monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    spec, cache, the_plan = warmed
+    _push(redis_server, warmed)
+    a, b = sorted(the_plan.variants.values(), key=lambda v: v.cache_hash)[:2]
+    damage(redis_server.client(), cache, a, b)
+
+    assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url, "--json"]) == (1 if state else 0)
+    report = json.loads(capsys.readouterr().out)["targets"][0]
+    found = {s: len(report[s]) for s in ("missing", "corrupt", "forged")}
+    assert sum(found.values()) == (found[state] if state else 0) and (found[state] >= 1 if state else True), found
+    if compiles is None:
+        compiles = found[state]
+    if state == "corrupt" and warnings:
+        assert "another kernel's files" in report["corrupt"][0]["why"]
+    assert report["key_id"] == (remote.fleet_key().key_id if keyed else None)
+
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setattr(remote, "_refused", set())
+    monkeypatch.setattr(remote, "_forged_warned", [])
+    _uses_redis(monkeypatch, redis_server.url)
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for fused in (False, True):
+                rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, fused, dtype)
+    assert compile_counter.count == compiles
+    assert sum("refused" in r.getMessage() for r in caplog.records) == warnings, caplog.text
+
+    monkeypatch.delenv("TRITON_CACHE_MANAGER")  # the server is done: Redis is whole again
+    assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url]) == 0
+    verdict = capsys.readouterr().out.splitlines()[0]
+    assert "ok" in verdict and ("authenticated with fleet key" if keyed else "unauthenticated") in verdict, verdict
+
+
+def test_a_binary_is_checked_against_the_kernel_and_warps_its_metadata_names(warmed):
+    """Read from the ELF itself: the cubin defines the metadata's kernel, built for its warps."""
+    from tritonwarm.jit.cache.binary import binary_facts, binary_problem
+
+    _, cache, the_plan = warmed
+    variant = next(iter(the_plan.variants.values()))
+    files = _entry_bytes(cache, variant)
+    metadata_name = f"{variant.entry_name}.json"
+    metadata = json.loads(files[metadata_name])
+    cubin = next(d for n, d in files.items() if n.endswith(".cubin"))
+    facts = binary_facts(cubin, metadata["name"])
+    assert metadata["name"] in facts["functions"] and facts["threads"] == metadata["num_warps"] * 32
+    assert facts["registers"] > 0
+    assert binary_problem(files, metadata_name) is None
+
+    def said(**changed):
+        return binary_problem({**files, metadata_name: json.dumps({**metadata, **changed}).encode()}, metadata_name)
+
+    assert "another kernel's binary" in said(name="_silu_and_mul_kernel")
+    assert "another variant's binary" in said(num_warps=metadata["num_warps"] * 2)
+    assert "over the maxnreg" in said(maxnreg=facts["registers"] - 8)
+    assert said(maxnreg=facts["registers"]) is None
+
+
+@pytest.mark.slow
+def test_another_kernels_cubin_under_intact_metadata_is_refused_without_a_key(
+        warmed, redis_server, tmp_path, monkeypatch, caplog, capsys, compile_counter, rms_norm_runtime):
+    """The cheap identity check: a silu_and_mul cubin swapped into an rms_norm entry (group rewritten,
+    metadata kept) is another kernel's binary, refused by serving and by ``check --remote``."""
+    import torch
+    from tritonwarm.jit.cache import remote
+    from tritonwarm.jit.cache.remote import _group_name, sha256
+
+    spec, cache, the_plan = warmed
+    silu_spec = tmp_path / "silu.yaml"
+    silu_spec.write_text("launcher: tritonwarm.launchers.activation:silu_and_mul\naxes: {}\n"
+                         "args: [{tensor: [8, 2816], dtype: bfloat16}]\n")
+    silu_plan = plan(load_specs([silu_spec]), TARGETS["sm90"])
+    assert warm(silu_plan, tmp_path / "silu").failed == 0
+    silu_cubin = next(d for n, d in _entry_bytes(tmp_path / "silu", next(iter(silu_plan.variants.values()))).items()
+                      if n.endswith(".cubin"))
+    _push(redis_server, warmed)
+    a = min(the_plan.variants.values(), key=lambda v: v.cache_hash)
+    files = _entry_bytes(cache, a)
+    name = next(n for n in files if n.endswith(".cubin"))
+    _store(redis_server).write_entry(a.entry_dir, _group_name(a), {**files, name: silu_cubin})
+    assert sha256(silu_cubin) != sha256(files[name])
+
+    assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url]) == 1
+    out = capsys.readouterr().out
+    assert "1 corrupt" in out and "another kernel's binary" in out and "unauthenticated" in out
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setattr(remote, "_refused", set())
+    _uses_redis(monkeypatch, redis_server.url)
+    before = compile_counter.count
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for fused in (False, True):
+                rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, fused, dtype)
+    assert compile_counter.count - before == 1
+    assert sum("another kernel's binary" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_fleet_key_comes_from_one_variable_or_a_file_beside_the_url(tmp_path, monkeypatch):
+    from tritonwarm.jit.cache.fleet_key import FleetKeyError, fleet_key
+
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY", raising=False)
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY_FILE", raising=False)
+    assert fleet_key() is None
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    from_variable = fleet_key()
+    key_file = tmp_path / "fleet.key"
+    key_file.write_text(FLEET_KEY + "\n")
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY_FILE", str(key_file))
+    with pytest.raises(FleetKeyError, match="give the fleet key once"):
+        fleet_key()
+    monkeypatch.delenv("TRITONWARM_REDIS_KEY")
+    from_file = fleet_key()
+    assert from_file.key_id == from_variable.key_id
+    tag = from_file.tag("ENTRY", "k.cubin", "a" * 64)
+    assert from_variable.problem(tag, "ENTRY", "k.cubin", "a" * 64) is None
+    assert "does not verify" in from_file.problem(tag, "OTHER", "k.cubin", "a" * 64)  # bound to the entry
+    assert "does not verify" in from_file.problem(tag, "ENTRY", "k.cubin", "b" * 64)  # ... and to the bytes
+    assert "no MAC" in from_file.problem(None, "ENTRY", "k.cubin", "a" * 64)
+    key_file.write_text("short")
+    with pytest.raises(FleetKeyError, match="fewer than 32"):
+        fleet_key()
+    key_file.write_text("another key of enough characters for a fleet, 0123456789")
+    assert "another fleet key" in fleet_key().problem(tag, "ENTRY", "k.cubin", "a" * 64)
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY_FILE", str(tmp_path / "absent.key"))
+    with pytest.raises(FleetKeyError, match="cannot read the fleet key"):
+        fleet_key()
+
+
+def test_a_bad_fleet_key_is_one_line_on_the_command_line_and_local_only_while_serving(
+        redis_py, tmp_path, monkeypatch, capsys, caplog):
+    from tritonwarm.jit.cache import remote
+
+    spec = tmp_path / "rms.yaml"
+    spec.write_text(SPEC)
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", "short")
+    assert main(["check", str(spec), "--target", "sm90", "--remote", f"redis://127.0.0.1:{_free_port()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "TRITONWARM_REDIS_KEY: the fleet key has 5 characters" in err
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setenv("TRITONWARM_REDIS_URL", f"redis://127.0.0.1:{_free_port()}")
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        assert remote.fleet_cache().call(lambda store: "used") is None
+        assert remote.fleet_cache().call(lambda store: "used") is None
+    warned = [r.getMessage() for r in caplog.records if "shared Triton cache unusable" in r.getMessage()]
+    assert len(warned) == 1 and "fewer than 32" in warned[0]
+
+
+@pytest.mark.slow
+def test_tritons_remote_manager_refuses_the_swapped_cubin_with_a_fleet_key(
+        warmed, redis_server, tmp_path, monkeypatch, caplog, compile_counter, rms_norm_runtime):
+    """The same MAC check behind Triton's own RemoteCacheManager (RedisBackend)."""
+    import torch
+    from tritonwarm.jit.cache import remote
+
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    _push(redis_server, warmed)
+    a, b = sorted(warmed[2].variants.values(), key=lambda v: v.cache_hash)[:2]
+    _cubin_swapped(redis_server.client(), warmed[1], a, b)
+    monkeypatch.setattr(remote, "_fleet", {})
+    monkeypatch.setattr(remote, "_forged_warned", [])
+    _uses_redis(monkeypatch, redis_server.url, *MANAGERS["triton's"])
+    with caplog.at_level(logging.WARNING, logger="tritonwarm.jit.cache.remote"):
+        for dtype in (torch.bfloat16, torch.float16):
+            for fused in (False, True):
+                rms_norm_runtime(TARGETS["sm90"], tmp_path / "serving", 8, fused, dtype)
+    assert compile_counter.count == 1
+    assert sum("fleet key" in r.getMessage() for r in caplog.records) == 1
+    report = remote.check_remote(warmed[2].variants.values(), _store(redis_server), "sm90")
+    assert report.ok and len(report.present) == 4  # what it compiled was pushed with its MAC

@@ -91,6 +91,7 @@ def test_tritonwarm_signs_and_minisign_verifies(bundle, tmp_path, capsys):
     assert "Signature and comment signature verified" in proc.stdout
     comment = signing.comment_fields(proc.stdout.split("Trusted comment: ", 1)[1].strip())
     assert comment["sha256"] == signing.digests(bundle)[1]
+    assert comment["name"] == "warm.tar.gz" and comment["targets"] == "sm90"  # the claim, signed
     header = signing.read_signature(signature)
     assert header.prehashed and comment["fingerprint"].startswith("sha256:")
 
@@ -223,3 +224,113 @@ def test_without_cryptography_signing_says_what_to_install(bundle, tmp_path, cap
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography raises ImportError
     refused(capsys, ["bundle", "sign", str(bundle), "--key", str(secret)], "pip install 'tritonwarm[sign]'")
+
+
+# ------------------------------------------------------------------ the signature binds the claim
+
+
+def _layout_of(made, folder, tag, dtype):
+    """An OCI layout holding one image, tagged ``tag``: the rms_norm entries of one dtype."""
+    root, spec, _ = made
+    one = folder / f"{tag}.yaml"
+    one.write_text(SPEC.replace("[float16, bfloat16]", f"[{dtype}]"))
+    assert main(["bundle", "create", f"oci:{folder / tag}:{tag}", str(one), "--target", "sm90", "--cache-dir",
+                 str(root / "warmed"), "--oci"]) == 0
+    return folder / tag
+
+
+def _copy_image(source: Path, source_tag: str, dest: Path, dest_tag: str) -> None:
+    """``skopeo copy oci:SOURCE:TAG oci:DEST:TAG2``, or the same by hand on the layout where skopeo is absent."""
+    skopeo = shutil.which("skopeo")
+    if skopeo is not None:
+        subprocess.run([skopeo, "copy", "--quiet", f"oci:{source}:{source_tag}", f"oci:{dest}:{dest_tag}"],
+                       check=True, capture_output=True, stdin=subprocess.DEVNULL)
+        return
+    import json
+
+    for blob in (source / "blobs" / "sha256").iterdir():
+        shutil.copy(blob, dest / "blobs" / "sha256" / blob.name)
+    found = next(m for m in json.loads((source / "index.json").read_text())["manifests"]
+                 if m["annotations"]["org.opencontainers.image.ref.name"] == source_tag)
+    index = json.loads((dest / "index.json").read_text())
+    index["manifests"] = [m for m in index["manifests"]
+                          if m["annotations"]["org.opencontainers.image.ref.name"] != dest_tag]
+    index["manifests"].append({**found, "annotations": {"org.opencontainers.image.ref.name": dest_tag}})
+    (dest / "index.json").write_text(json.dumps(index))
+
+
+def test_an_image_copied_under_another_signed_tag_is_refused(made, tmp_path, capsys):
+    """Two images, silu and rms, both signed by one trusted key; `skopeo copy oci:B:rms oci:A:silu`:
+    installing oci:A:silu must not install rms's entries with "signature: good"."""
+    secret, public = keygen(tmp_path)
+    a, b = _layout_of(made, tmp_path, "silu", "float16"), _layout_of(made, tmp_path, "rms", "bfloat16")
+    for layout, tag in ((a, "silu"), (b, "rms")):
+        assert main(["bundle", "sign", f"oci:{layout}:{tag}", "--key", str(secret)]) == 0
+    trust = ["--require-signature", "--trusted-key", str(public), "--no-c-launchers"]
+    assert main(["bundle", "install", f"oci:{a}:silu", "--cache-dir", str(tmp_path / "ok"), *trust]) == 0
+    capsys.readouterr()
+    _copy_image(b, "rms", a, "silu")
+    refused(capsys, ["bundle", "install", f"oci:{a}:silu", "--cache-dir", str(tmp_path / "swapped"), *trust],
+            "signed as 'rms', not as 'silu' that was asked for")
+    assert not (tmp_path / "swapped").exists()
+    # a registry reference asks for its tag (or, signed with --name, its repository too)
+    assert signing.name_matches("rms", "127.0.0.1:5000/kernels/x:rms")
+    assert signing.name_matches("kernels/x:rms", "127.0.0.1:5000/kernels/x:rms")
+    assert not signing.name_matches("kernels/x:rms", "127.0.0.1:5000/kernels/y:rms")
+    assert not signing.name_matches("rms", "127.0.0.1:5000/kernels/x:silu")
+    # the same for a file: renamed, it is refused unless --name says what to expect
+    bundle = made[2]
+    renamed = tmp_path / "silu.tar.gz"
+    shutil.copy(bundle, renamed)
+    assert main(["bundle", "sign", str(renamed), "--key", str(secret), "--name", "rms.tar.gz"]) == 0
+    refused(capsys, ["bundle", "verify", str(renamed), "--trusted-key", str(public)],
+            "signed as 'rms.tar.gz', not as 'silu.tar.gz'")
+    assert main(["bundle", "verify", str(renamed), "--trusted-key", str(public), "--name", "rms.tar.gz"]) == 0
+
+
+def test_an_older_signed_bundle_under_the_same_name_is_refused(bundle, tmp_path, capsys, monkeypatch):
+    """A rollback: the signature time, against --not-older-than and against what this cache installed."""
+    import time
+
+    secret, public = keygen(tmp_path)
+    old = tmp_path / "old" / "warm.tar.gz"
+    old.parent.mkdir()
+    shutil.copy(bundle, old)
+    now = time.time()
+    monkeypatch.setattr(signing.time, "time", lambda: now - 30 * 86400)  # signed a month ago
+    assert main(["bundle", "sign", str(old), "--key", str(secret)]) == 0
+    monkeypatch.setattr(signing.time, "time", lambda: now)
+    assert main(["bundle", "sign", str(bundle), "--key", str(secret)]) == 0
+    trust = ["--require-signature", "--trusted-key", str(public), "--no-c-launchers"]
+    since = time.strftime("%Y-%m-%d", time.gmtime(now - 86400))
+    refused(capsys, ["bundle", "verify", str(old), "--trusted-key", str(public), "--not-older-than", since],
+            "older than --not-older-than", "(a rollback?)")
+    served = tmp_path / "served"
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(served), *trust]) == 0
+    capsys.readouterr()
+    refused(capsys, ["bundle", "install", str(old), "--cache-dir", str(served), *trust],
+            "older than the bundle signed", "installed here under the name 'warm.tar.gz'", "a rollback")
+    assert main(["bundle", "install", str(old), "--cache-dir", str(served), *trust, "--allow-rollback"]) == 0
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(served), *trust]) == 0  # the newer one again
+    capsys.readouterr()
+    refused(capsys, ["bundle", "verify", str(bundle), "--trusted-key", str(public), "--not-older-than", "yesterday"],
+            "expected a date")
+
+
+@pytest.mark.slow
+def test_a_bundle_signed_for_gfx942_is_refused_where_sm90_is_asked_for(made, tmp_path, capsys):
+    root, spec, _ = made
+    one = tmp_path / "one.yaml"
+    one.write_text(SPEC.replace("[float16, bfloat16]", "[bfloat16]"))
+    assert warm(plan(load_specs([one]), TARGETS["gfx942"]), tmp_path / "amd").failed == 0
+    amd = tmp_path / "warm.tar.gz"
+    assert main(["bundle", "create", str(amd), str(one), "--target", "gfx942", "--cache-dir",
+                 str(tmp_path / "amd")]) == 0
+    secret, public = keygen(tmp_path)
+    assert main(["bundle", "sign", str(amd), "--key", str(secret)]) == 0
+    trust = ["--require-signature", "--trusted-key", str(public), "--no-c-launchers"]
+    refused(capsys, ["bundle", "install", str(amd), "--cache-dir", str(tmp_path / "sm90"), "--target", "sm90", *trust],
+            "signed for gfx942, not for sm90 that was asked for")
+    assert not (tmp_path / "sm90").exists()
+    assert main(["bundle", "install", str(amd), "--cache-dir", str(tmp_path / "mi300"), "--target", "mi300x",
+                 *trust]) == 0

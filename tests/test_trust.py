@@ -146,6 +146,54 @@ def test_a_spec_alias_is_one_line_and_exit_2(tmp_path, capsys):
     _one_line_refusal(capsys, "alias.yaml:2", "aliases")
 
 
+def _hostile_specs(folder):
+    """The spec files that ran 40 s into a recursion error, or failed in Python's parser, unnamed."""
+    head = "launcher: tritonwarm.launchers.rms_norm:rms_norm\naxes:\n  a: [1]\n"
+    depth = 20_000
+    nested = folder / "nested.yaml"  # 40 KB of nested lists
+    nested.write_text(head + "args:\n  x: " + "[" * depth + "1" + "]" * depth + "\n")
+    block = folder / "block.yaml"  # nested by indentation
+    block.write_text(head + "args:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(80)) + "  " * 81 + "v: 1\n")
+    plus = folder / "plus.yaml"  # 21 KB chain of + in one expression
+    plus.write_text(head + "args:\n  x: $" + "+".join(["a"] * 10_500) + "\n")
+    unary = folder / "unary.yaml"  # short, but nested past what Python's compiler recurses through
+    unary.write_text(head + "args:\n  x: $" + "-" * 900 + "a\n")
+    return {"nested": (nested, 5, "nest more than 64 deep"), "block": (block, 68, "nest more than 64 deep"),
+            "plus": (plus, 5, "20999 characters, over the limit of 1000"),
+            "unary": (unary, 5, "more than 100 deep")}
+
+
+@pytest.mark.parametrize("case", ["nested", "block", "plus", "unary"])
+def test_a_spec_nested_or_long_past_the_limits_is_one_line_naming_file_line_and_limit(tmp_path, case):
+    path, line, limit = _hostile_specs(tmp_path)[case]
+    with pytest.raises(SpecError) as e:
+        load_specs([path])
+    message = str(e.value)
+    assert message.startswith(f"{path}:{line}: ") and limit in message and "\n" not in message, message[:300]
+    assert len(message) < 300
+
+
+def test_a_deeply_nested_spec_is_exit_2_on_the_command_line(tmp_path, capsys):
+    path, line, _ = _hostile_specs(tmp_path)["nested"]
+    assert main(["check", str(path), "--target", "sm90", "--cache-dir", str(tmp_path / "c")]) == 2
+    _one_line_refusal(capsys, f"nested.yaml:{line}", "64 deep")
+
+
+def test_specs_at_the_limits_still_load(tmp_path):
+    """A list nested as deep as the limit allows, an expression as long as it allows and a chain of
+    fifty additions are a spec."""
+    from tritonwarm.jit.pipeline.specs import MAX_EXPRESSION, MAX_NESTING
+
+    inner = MAX_NESTING - 4  # the document, groups, g and the axis's own list hold it
+    long = "max(" + ", ".join(["1"] * ((MAX_EXPRESSION - 9) // 3)) + ") > 0"
+    assert MAX_EXPRESSION - 3 <= len(long) <= MAX_EXPRESSION
+    spec = tmp_path / "edge.yaml"
+    spec.write_text(SPEC + f"  residual: $({' + '.join(['0'] * 50)}) or None\ndescription: edge\n"
+                    f"filter: '{long}'\ngroups:\n  g:\n    deep: [" + "[" * inner + "1" + "]" * inner + "]\n")
+    (loaded,) = load_specs([spec])
+    assert len(loaded.rows()) == 2
+
+
 # ------------------------------------------------------------------------------ the overlay folder
 
 

@@ -6,6 +6,8 @@
 - ``plans``: the plan store;
 - ``remote`` / ``overlay``: cache managers a server names in ``TRITON_CACHE_MANAGER`` (a fleet's
   Redis; a read-only warmed folder with a writable overlay);
+- ``fleet_key`` / ``binary``: what a reader of Redis checks beyond hashes (a fleet key's MAC; the
+  binary against its metadata);
 - ``prune``: disk use and removal.
 """
 

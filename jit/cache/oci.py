@@ -461,25 +461,34 @@ class Opened:
     signed_by: str | None = None  # the trusted key's id, when a signature was checked
     signed: bool = False  # a signature was there (checked only with a trusted key)
     comment: str | None = None
+    asked_name: str | None = None  # the name the source was asked for under (a tag, a reference, a file name)
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return signing.comment_fields(self.comment) if self.comment else {}
 
 
 @contextlib.contextmanager
 def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_signature: bool = False,
-           signature: Path | None = None, tls_verify: bool = True, limits: Limits = _LIMITS) -> Iterator[Opened]:
+           signature: Path | None = None, tls_verify: bool = True, claim: signing.Claim | None = None,
+           limits: Limits = _LIMITS) -> Iterator[Opened]:
     """A bundle file for any source, its signature checked (before anything in it is parsed) where a
-    trusted key is given; with ``require_signature``, an unsigned source is refused. ``signed`` on
-    the result says whether a signature was there (an unsigned source with a trusted key: False)."""
+    trusted key is given, against ``claim`` too (the name: by default the tag or reference the source
+    was named by, or the file's name); with ``require_signature``, an unsigned source is refused.
+    ``signed`` on the result says whether a signature was there (an unsigned source with a trusted key:
+    False)."""
     if require_signature and trusted_key is None:
         raise BundleError("--require-signature needs --trusted-key PUBKEY (the key the signature must be made with)")
     source = parse_source(text)
+    claim = claim or signing.Claim()
     if source.kind == "bundle":
         sig_path = Path(signature) if signature else Path(f"{source.path}{signing.SIGNATURE_SUFFIX}")
         sig = signing.read_signature(sig_path) if (signature or sig_path.exists()) else None
         if sig is None and require_signature:
             raise signing.SignatureError(f"{source.path}: not signed (no {sig_path}); refused by --require-signature")
-        result = Opened(source.path, text, signed=sig is not None)
+        result = Opened(source.path, text, signed=sig is not None, asked_name=claim.name or source.path.name)
         if trusted_key is not None and sig is not None:
-            _check(source.path, sig, trusted_key, text, lambda: read_header(source.path, limits), result)
+            _check(source.path, sig, trusted_key, text, lambda: read_header(source.path, limits), result, claim)
         yield result
         return
     with tempfile.TemporaryDirectory(prefix="tritonwarm-oci-") as tmp:
@@ -497,12 +506,17 @@ def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_s
             raise signing.SignatureError(f"{shown}: not signed (no {SIGNATURE_ANNOTATION} annotation); refused by "
                                          "--require-signature")
         bundle = Path(tmp) / "bundle.tar.gz"
-        result = Opened(bundle, shown, signed=sig is not None)
+        asked = claim.name or (source.reference if source.kind == "registry" else
+                               source.tag or (image.manifest_descriptor.get("annotations") or {}).get(REF_NAME))
+        result = Opened(bundle, shown, signed=sig is not None, asked_name=asked if isinstance(asked, str) else None)
         try:
             if trusted_key is not None and sig is not None:  # the layer's bytes first, then what is in it
                 signing_sha = signing.check(image.layer, sig, trusted_key, shown)
                 layer_to_bundle(image, bundle, limits)
-                signing.check_binding(sig.comment, signing_sha, read_header(bundle, limits)["fingerprint"], shown)
+                header = read_header(bundle, limits)
+                fields = signing.check_binding(sig.comment, signing_sha, header["fingerprint"], shown)
+                signing.check_claim(fields, header["targets"], signing.Claim(result.asked_name, claim.targets,
+                                                                            claim.not_older_than), shown)
                 result.signed_by, result.comment = trusted_key.id_text, sig.comment
             else:
                 layer_to_bundle(image, bundle, limits)
@@ -511,33 +525,41 @@ def opened(text: str, *, trusted_key: signing.PublicKey | None = None, require_s
             raise type(e)(str(e).replace(str(bundle), f"{shown}: layer")) from None
 
 
-def _check(path: Path, sig, key, shown: str, header, result: Opened) -> None:
+def _check(path: Path, sig, key, shown: str, header, result: Opened, claim: signing.Claim) -> None:
     sha = signing.check(path, sig, key, shown)
-    signing.check_binding(sig.comment, sha, header()["fingerprint"], shown)
+    read = header()
+    fields = signing.check_binding(sig.comment, sha, read["fingerprint"], shown)
+    signing.check_claim(fields, read["targets"], signing.Claim(result.asked_name, claim.targets, claim.not_older_than),
+                        shown)
     result.signed_by, result.comment = key.id_text, sig.comment
 
 
-def comment_for(text: str, limits: Limits = _LIMITS) -> tuple[Path, str]:
-    """``(file to sign, trusted comment)``: what ``minisign -S -m FILE -t COMMENT`` should be given."""
+def comment_for(text: str, name: str | None = None, limits: Limits = _LIMITS) -> tuple[Path, str]:
+    """``(file to sign, trusted comment)``: what ``minisign -S -m FILE -t COMMENT`` should be given.
+    ``name``: what the bundle is published under (default: the image's tag, or the file's name)."""
     source = parse_source(text)
     if source.kind == "registry":
         raise BundleError(f"{text}: sign the image's layout before pushing it (oci:DIR:TAG), not a registry image")
     if source.kind == "bundle":
         header = read_header(source.path, limits)
-        target = source.path
+        target, published = source.path, source.path.name
     else:
         image = open_image(source.path, source.tag)
         header, target = layer_header(image, limits), image.layer
+        published = source.tag or (image.manifest_descriptor.get("annotations") or {}).get(REF_NAME) or DEFAULT_TAG
     entries = summary(target, header).entries
-    return target, signing.trusted_comment(signing.digests(target)[1], header["fingerprint"], entries)
+    return target, signing.trusted_comment(signing.digests(target)[1], header["fingerprint"], entries,
+                                           name or published, header["targets"],
+                                           "--name" if name else "the name it is published under (or --name)")
 
 
-def sign(text: str, key: signing.SecretKey, *, out: Path | None = None, limits: Limits = _LIMITS) -> str:
+def sign(text: str, key: signing.SecretKey, *, out: Path | None = None, name: str | None = None,
+         limits: Limits = _LIMITS) -> str:
     """Sign a bundle (``BUNDLE.minisig`` beside it, or ``out``) or an OCI layout's image (the
     signature goes into its manifest's annotations; the tag then names the signed manifest).
     Returns where the signature went."""
     source = parse_source(text)
-    target, comment = comment_for(text, limits)
+    target, comment = comment_for(text, name, limits)
     signature = signing.sign(target, key, comment)
     if source.kind == "bundle":
         where = Path(out) if out else Path(f"{source.path}{signing.SIGNATURE_SUFFIX}")

@@ -20,10 +20,15 @@ In Redis, content-addressed::
 
     tritonwarm:blob:<sha256>             the bytes whose sha256 is in the key
     tritonwarm:file:<entry>:<file name>  the sha256 of that entry's file
+    tritonwarm:mac:<entry>:<file name>   with a fleet key: the MAC of a file (a group carries its own)
 
-Redis is not trusted: a group's children must be plain file names of the entry and its metadata must
-name the entry's key, else the entry is a miss with one warning; C modules are never fetched (see
-docs/security.md). An entry's group file (``__grp__<kernel>.json``) is stored like any other file,
+Redis is not trusted: a group's children must be plain file names of the entry, its metadata must
+name the entry's key and its binary the metadata's kernel, else the entry is a miss with one
+warning; C modules are never fetched (see docs/security.md). With a fleet key (``fleet_key.py``)
+every value pushed carries a MAC binding the entry's key and file name to its sha256 (a group's
+MAC is inside it, and binds every child's hash): a reader refuses what does not verify, as forged.
+
+An entry's group file (``__grp__<kernel>.json``) is stored like any other file,
 but its JSON names each child's sha256 instead of a path: a group and its children read as one
 consistent set wherever the cache is served from, and a value whose bytes do not hash to its key
 reads as a miss. Writes are idempotent (the same bytes land on the same keys) and the group goes
@@ -51,6 +56,8 @@ from urllib.parse import urlsplit
 from triton.runtime.cache import RemoteCacheBackend
 
 from ...errors import clipped
+from .binary import binary_problem
+from .fleet_key import FleetKey, FleetKeyError, fleet_key
 from .layout import CacheError, entry_files, file_sha256
 from .overlay import OverlayCacheManager
 from .records import metadata_problem, plain_file_name
@@ -120,11 +127,16 @@ def timeout_s() -> float:
     return value
 
 
-class RedisStore:
-    """Triton's cache entries on one Redis server. Raises ``RemoteUnavailable`` when it does not answer."""
+_FROM_ENVIRONMENT = object()
 
-    def __init__(self, url: str, timeout: float | None = None):
+
+class RedisStore:
+    """Triton's cache entries on one Redis server. Raises ``RemoteUnavailable`` when it does not answer.
+    ``key``: the fleet key (default: the one the environment names; None: unauthenticated)."""
+
+    def __init__(self, url: str, timeout: float | None = None, key: FleetKey | None = _FROM_ENVIRONMENT):
         params = parse_redis_url(url)
+        self.key: FleetKey | None = fleet_key() if key is _FROM_ENVIRONMENT else key
         try:
             import redis
             from redis.backoff import NoBackoff
@@ -151,6 +163,10 @@ class RedisStore:
     def _blob_key(digest: str) -> str:
         return f"{NAMESPACE}:blob:{digest}"
 
+    @staticmethod
+    def _mac_key(entry: str, name: str) -> str:
+        return f"{NAMESPACE}:mac:{entry}:{name}"
+
     def ping(self) -> None:
         self._do(self._client.ping)
 
@@ -166,8 +182,15 @@ class RedisStore:
         ask = [n for n in names if n not in known]
         digests = dict(known)
         if ask:
-            found = self._do(lambda: self._client.mget([self._file_key(entry, n) for n in ask]))
-            digests.update(zip(ask, found, strict=True))
+            signed = [n for n in ask if not n.startswith(GROUP_PREFIX)] if self.key else []  # a group holds its MAC
+            keys = [self._file_key(entry, n) for n in ask] + [self._mac_key(entry, n) for n in signed]
+            found = self._do(lambda: self._client.mget(keys))
+            digests.update(zip(ask, found[:len(ask)], strict=True))
+            for name, tag in zip(signed, found[len(ask):], strict=True):
+                why = digests.get(name) and self.key.problem(tag, entry, name, _text(digests[name]))
+                if why:
+                    forged(entry, f"{name}: {why}")
+                    digests[name] = None
         wanted = [(n, _text(digests[n])) for n in names if digests.get(n)]
         if not wanted:
             return {}
@@ -175,13 +198,15 @@ class RedisStore:
         return {n: b for (n, d), b in zip(wanted, blobs, strict=True) if b is not None and sha256(b) == d}
 
     def entry_state(self, entry: str, group_name: str) -> tuple[str, dict[str, bytes]]:
-        """``("ok", files)``, ``("missing", {})`` or ``("corrupt", {})`` for one entry's group and children."""
+        """``("ok", files)``, ``("missing", {})``, ``("corrupt", {})`` or, with a fleet key,
+        ``("forged", {})`` for one entry's group and children."""
         state, files, _ = self.inspect_entry(entry, group_name)
         return state, files
 
     def inspect_entry(self, entry: str, group_name: str) -> tuple[str, dict[str, bytes], str | None]:
-        """``entry_state`` and, for an entry refused for what it says (not for damage), why: a child
-        name that is no plain file name of the entry, or metadata naming another cache hash."""
+        """``entry_state`` and, for an entry refused for what it says (not for damage), why: a MAC that
+        does not verify with the fleet key, a child name that is no plain file name of the entry,
+        metadata naming another cache hash, a binary that is not the metadata's kernel."""
         digest = self._do(lambda: self._client.get(self._file_key(entry, group_name)))
         if digest is None:
             return "missing", {}, None
@@ -192,6 +217,9 @@ class RedisStore:
         children = _group_hashes(group) if sha256(group) == digest else None
         if children is None:
             return "corrupt", {}, None
+        why = self.group_mac_problem(entry, group_name, group, children)
+        if why:
+            return "forged", {}, why
         why = names_problem(children, group_name)
         if why:
             return "corrupt", {}, why
@@ -202,38 +230,54 @@ class RedisStore:
         if any(sha256(b) != children[n] for n, b in zip(names, blobs, strict=True)):
             return "corrupt", {}, None
         files = dict(zip(names, blobs, strict=True))
-        why = metadata_problem(files[group_name[len(GROUP_PREFIX):]], entry)
+        why = metadata_problem(files[group_name[len(GROUP_PREFIX):]], entry) or \
+            binary_problem(files, group_name[len(GROUP_PREFIX):])
         return ("corrupt", {}, why) if why else ("ok", files, None)
+
+    def group_mac_problem(self, entry: str, group_name: str, group: bytes, children: dict[str, str]) -> str | None:
+        """Why a group's MAC does not vouch for it (None without a fleet key, or when it does)."""
+        if self.key is None:
+            return None
+        return self.key.problem(_group_mac(group), entry, group_name, sha256(_group_json(children)))
 
     def read_entry(self, entry: str, group_name: str) -> dict[str, bytes] | None:
         """Every child of the entry, verified, or None: a missing or damaged part is a miss, and an
         entry refused for what it says is a miss with one warning."""
         state, files, why = self.inspect_entry(entry, group_name)
         if why:
-            refused(entry, why)
+            (forged if state == "forged" else refused)(entry, why)
         return files if state == "ok" else None
 
     def write_files(self, entry: str, files: dict[str, bytes]) -> None:
-        """Blobs first, then the names pointing at them, in one transaction."""
+        """Blobs first, then the names pointing at them (and their MACs), in one transaction."""
         pipe = self._client.pipeline(transaction=True)
         for name, data in files.items():
             digest = sha256(data)
             pipe.set(self._blob_key(digest), data)
             pipe.set(self._file_key(entry, name), digest)
+            if self.key is not None and not name.startswith(GROUP_PREFIX):
+                pipe.set(self._mac_key(entry, name), self.key.tag(entry, name, digest))
         self._do(pipe.execute)
+
+    def group_json(self, entry: str, group_name: str, hashes: dict[str, str]) -> bytes:
+        """An entry's group as stored: its children by hash and, with a fleet key, the MAC over them."""
+        if self.key is None:
+            return _group_json(hashes)
+        return _group_json(hashes, self.key.tag(entry, group_name, sha256(_group_json(hashes))))
 
     def write_group(self, entry: str, group_name: str, hashes: dict[str, str]) -> None:
         """The group alone: its children are already stored (``write_files``)."""
-        self.write_files(entry, {group_name: _group_json(hashes)})
+        self.write_files(entry, {group_name: self.group_json(entry, group_name, hashes)})
 
     def write_entry(self, entry: str, group_name: str, files: dict[str, bytes]) -> None:
         """A whole entry in one transaction: children, then the group naming them by hash."""
         hashes = {name: sha256(data) for name, data in files.items()}
-        self.write_files(entry, {**files, group_name: _group_json(hashes)})
+        self.write_files(entry, {**files, group_name: self.group_json(entry, group_name, hashes)})
 
 
 HOST_CODE = (".so", ".pyd", ".dll", ".dylib")  # C modules Triton loads into the process: built locally, never fetched
 _refused: set[str] = set()
+_forged_warned: list[bool] = []
 
 
 def names_problem(children: dict, group_name: str) -> str | None:
@@ -256,14 +300,30 @@ def refused(entry: str, why: str) -> None:
                     clipped(entry, 80), why)
 
 
+def forged(entry: str, why: str) -> None:
+    """One warning per process, as for an outage: what does not verify with the fleet key is a miss."""
+    if not _forged_warned:
+        _forged_warned.append(True)
+        log.warning("tritonwarm: shared Triton cache entry %s refused, compiling it locally: %s (entries that do not "
+                    "verify with the fleet key are refused without another warning)", clipped(entry, 80), why)
+
+
 def _text(value: bytes | str) -> str:
     """A stored hash as text; bytes that are not ASCII simply never match a digest."""
     return value.decode("ascii", "replace") if isinstance(value, bytes) else value
 
 
-def _group_json(hashes: dict[str, str]) -> bytes:
+def _group_json(hashes: dict[str, str], mac: str | None = None) -> bytes:
     # Named "child_paths" like Triton's own group file, so Triton's RemoteCacheManager can iterate the names.
-    return json.dumps({"child_paths": dict(sorted(hashes.items()))}, sort_keys=True).encode()
+    return json.dumps({"child_paths": dict(sorted(hashes.items())), **({"mac": mac} if mac else {})},
+                      sort_keys=True).encode()
+
+
+def _group_mac(data: bytes):
+    try:
+        return json.loads(data).get("mac")
+    except (ValueError, AttributeError):
+        return None
 
 
 def _group_hashes(data: bytes) -> dict[str, str] | None:
@@ -296,7 +356,7 @@ class _FleetCache:
                 self.store = RedisStore(self.url)
             return fn(self.store)
         except Exception as e:  # serving never fails for the shared cache: it only loses its help
-            misconfigured = isinstance(e, RemoteCacheError) and not isinstance(e, RemoteUnavailable)
+            misconfigured = isinstance(e, (RemoteCacheError, FleetKeyError)) and not isinstance(e, RemoteUnavailable)
             with self.lock:
                 self.paused_until = time.monotonic() + (float("inf") if misconfigured else RETRY_AFTER_S)
                 if not self.warned:
@@ -415,11 +475,19 @@ class RedisBackend(RemoteCacheBackend):
         found = None
         if self._remote is not None:
             found = self._remote.call(lambda store: store.read_files(self._entry, names, self._hashes))
+        from_redis = found is not None
         if found is None:
             found = self._local(names)
         for name, data in found.items():
             if name.startswith(GROUP_PREFIX):
                 children = _group_hashes(data) or {}
+                if from_redis and children:  # verified while the store is usable, else refused (fail closed)
+                    mac = self._remote.call(lambda store, n=name, d=data, c=children: store.group_mac_problem(
+                        self._entry, n, d, c) or "")
+                    if mac is None or mac:
+                        if mac:
+                            forged(self._entry, mac)
+                        return {}
                 why = names_problem(children, name) if children else None
                 if why:
                     refused(self._entry, why)
@@ -428,7 +496,9 @@ class RedisBackend(RemoteCacheBackend):
                 self._metadata = name[len(GROUP_PREFIX):]
         if len(names) > 1 and len(found) != len(names):
             return {}  # a group's children: all or none (Triton 3.6 would load a partial group)
-        why = metadata_problem(found[self._metadata], self._entry) if self._metadata in found else None
+        why = None
+        if self._metadata in found:
+            why = metadata_problem(found[self._metadata], self._entry) or binary_problem(found, self._metadata)
         if why:
             refused(self._entry, why)
             return {}
@@ -444,9 +514,11 @@ class RedisBackend(RemoteCacheBackend):
                 return
             if not all(n in self._hashes for n in names):
                 return
-            data = _group_json({n: self._hashes[n] for n in names})
-        else:
-            self._hashes[filename] = sha256(data)
+            hashes = {n: self._hashes[n] for n in names}
+            if self._remote is not None:
+                self._remote.call(lambda store: store.write_group(self._entry, filename, hashes))
+            return
+        self._hashes[filename] = sha256(data)
         if self._remote is not None:
             self._remote.call(lambda store: store.write_files(self._entry, {filename: data}))
 
@@ -474,11 +546,13 @@ class RemoteReport:
     present: list[str] = field(default_factory=list)
     missing: list[dict] = field(default_factory=list)
     corrupt: list[dict] = field(default_factory=list)
+    forged: list[dict] = field(default_factory=list)  # with a fleet key: entries whose MAC does not verify
     not_local: list[str] = field(default_factory=list)  # push: planned entries the local cache lacks
+    key_id: str | None = None  # the fleet key's id; None: unauthenticated
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.corrupt or self.not_local)
+        return not (self.missing or self.corrupt or self.forged or self.not_local)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -491,7 +565,7 @@ def _group_name(variant) -> str:
 def push(variants: Iterable, cache_dir: Path, store: RedisStore, target: str) -> RemoteReport:
     """Push every planned entry of the local cache (its files and its group); entries already there are skipped."""
     variants = list(variants)
-    report = RemoteReport(store.url, target, planned=len(variants))
+    report = RemoteReport(store.url, target, planned=len(variants), key_id=store.key and store.key.key_id)
     for variant in variants:
         files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
         if files is None:
@@ -508,9 +582,10 @@ def push(variants: Iterable, cache_dir: Path, store: RedisStore, target: str) ->
 
 
 def check_remote(variants: Iterable, store: RedisStore, target: str) -> RemoteReport:
-    """Each planned entry in Redis: present and intact, missing, or corrupt (a hash that does not match)."""
+    """Each planned entry in Redis: present and intact, missing, corrupt (a hash that does not match, an
+    entry that is not its key's) or, with a fleet key, forged (a MAC that does not verify)."""
     variants = list(variants)
-    report = RemoteReport(store.url, target, planned=len(variants))
+    report = RemoteReport(store.url, target, planned=len(variants), key_id=store.key and store.key.key_id)
     for variant in variants:
         state, _, why = store.inspect_entry(variant.entry_dir, _group_name(variant))
         summary = {"id": variant.variant_id, "kernel": variant.kernel, "args": variant.args}

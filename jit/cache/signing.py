@@ -2,9 +2,12 @@
 
 A signature is minisign's prehashed Ed25519 (``ED``): the key signs the BLAKE2b-512 digest of the
 archive, then signs that signature together with a *trusted comment*. tritonwarm's trusted comment
-names the archive's sha256 and the digest of the environment fingerprint the bundle was warmed for,
-so a valid signature binds both: the archive cannot be swapped, and a bundle's header cannot claim
-another environment than the one that was signed. The signature file sits beside the archive
+names the archive's sha256, the digest of the environment fingerprint the bundle was warmed for, the
+name it is published under (an image's tag or repository, a file's name) and its targets, so a valid
+signature binds them all: the archive cannot be swapped, its header cannot claim another environment,
+and it cannot be installed under another name (a tag swapped in a registry) or for other targets. Its
+timestamp refuses rollbacks: ``--not-older-than DATE``, and a minimum per name recorded where it was
+installed (as TUF's clients record the latest version they trusted). The signature file sits beside the archive
 (``warm.tar.gz.minisig``), as minisign expects it. Verification needs no parsing of the archive: the
 signature is checked over its bytes first, the header is read only after that.
 
@@ -220,10 +223,22 @@ def fingerprint_digest(fingerprint: dict) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def trusted_comment(archive_sha256: str, fingerprint: dict, entries: int) -> str:
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@+\-]{0,255}")  # an image reference, a tag or a file name
+
+
+def check_name(name: str, where: str = "--name") -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise SignatureError(f"{where} {str(name)[:80]!r} is not a name a bundle is published under (letters, digits, "
+                             "and . _ - : / @ +, at most 256)")
+    return name
+
+
+def trusted_comment(archive_sha256: str, fingerprint: dict, entries: int, name: str, targets,
+                    name_from: str = "--name") -> str:
     """What tritonwarm's signatures vouch for beyond the archive's bytes (one line, tab-separated)."""
     return "\t".join([COMMENT_KIND, f"sha256:{archive_sha256}", f"fingerprint:{fingerprint_digest(fingerprint)}",
-                      f"entries:{entries}", f"timestamp:{int(time.time())}"])
+                      f"entries:{entries}", f"name:{check_name(name, name_from)}",
+                      f"targets:{','.join(sorted(targets))}", f"timestamp:{int(time.time())}"])
 
 
 def sign(path: Path, key: SecretKey, comment: str, blake: bytes | None = None) -> str:
@@ -322,6 +337,117 @@ def check_binding(comment: str, archive_sha256: str, fingerprint, where: str) ->
     return fields
 
 
-__all__ = ["COMMENT_KIND", "PublicKey", "SIGNATURE_SUFFIX", "SecretKey", "Signature", "SignatureError", "check",
-           "check_binding", "comment_fields", "digests", "fingerprint_digest", "generate", "parse_signature",
-           "read_public_key", "read_secret_key", "read_signature", "sign", "trusted_comment"]
+@dataclass(frozen=True)
+class Claim:
+    """What the one installing asks for: the name (a tag, a reference, a file name), the targets, and
+    how old a signature may be. None: not asked."""
+
+    name: str | None = None
+    targets: tuple[str, ...] = ()
+    not_older_than: int | None = None  # unix time
+
+
+def name_matches(signed: str, asked: str) -> bool:
+    """Whether the name a signature names is the one asked for: the same, or the end of it at a
+    component boundary (signed ``kernels/rms:sm90`` for ``registry:5000/kernels/rms:sm90``), or its
+    tag alone (signed ``sm90``, a layout's tag, for ``registry:5000/kernels/rms:sm90``)."""
+    if signed == asked or asked.endswith("/" + signed):
+        return True
+    return "/" not in signed and ":" not in signed and "/" in asked and asked.rpartition(":")[2] == signed
+
+
+def signed_at(fields: dict[str, str]) -> int | None:
+    value = fields.get("timestamp", "")
+    return int(value) if value.isdigit() and len(value) < 16 else None
+
+
+def shown_time(unix: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+
+
+def check_claim(fields: dict[str, str], header_targets, claim: Claim, where: str) -> None:
+    """The signed name, targets and time against the bundle's header and what was asked for."""
+    if "name" not in fields or "targets" not in fields:
+        raise SignatureError(f"{where}: the signature does not name the name and targets it was published for "
+                             "(signed by an older tritonwarm): sign it again with `tritonwarm bundle sign`")
+    signed_targets = sorted(t for t in fields["targets"].split(",") if t)
+    if signed_targets != sorted(header_targets):
+        raise SignatureError(f"{where}: the bundle's targets ({', '.join(sorted(header_targets))}) are not the ones "
+                             f"that were signed ({', '.join(signed_targets) or 'none'})")
+    if claim.name is not None and not name_matches(fields["name"], claim.name):
+        raise SignatureError(f"{where}: signed as {fields['name'][:100]!r}, not as {claim.name[:100]!r} that was "
+                             "asked for (a tag or file swapped for another signed one?); --name NAME names what to "
+                             "expect")
+    missing = [t for t in claim.targets if t not in signed_targets]
+    if missing:
+        raise SignatureError(f"{where}: signed for {', '.join(signed_targets) or 'no target'}, not for "
+                             f"{', '.join(missing)} that was asked for (--target)")
+    at = signed_at(fields)
+    if claim.not_older_than is not None and (at is None or at < claim.not_older_than):
+        raise SignatureError(f"{where}: signed {shown_time(at) if at is not None else 'at no time it names'}, older "
+                             f"than --not-older-than {shown_time(claim.not_older_than)} (a rollback?)")
+
+
+INSTALLED_RECORD = "signed-installs.json"  # in <cache>/tritonwarm/: name → the newest signature time installed
+
+
+def rollback_problem(cache_dir, fields: dict[str, str]) -> str | None:
+    """Why installing a bundle signed at ``fields``' time under its name would roll back what this cache
+    had installed under that name (TUF's rule: never trust older than what was trusted before)."""
+    recorded = _installed(cache_dir).get(fields.get("name"))
+    at = signed_at(fields)
+    if isinstance(recorded, int) and (at is None or at < recorded):
+        return (f"signed {shown_time(at) if at is not None else 'at no time it names'}, older than the bundle "
+                f"signed {shown_time(recorded)} installed here under the name {fields['name'][:100]!r} "
+                "(a rollback; --allow-rollback installs it anyway)")
+    return None
+
+
+def record_install(cache_dir, fields: dict[str, str], *, durable: bool = True) -> None:
+    """Remember the newest signature time installed under the signed name."""
+    from .layout import write_json_atomic
+
+    at, name = signed_at(fields), fields.get("name")
+    if at is None or not name:
+        return
+    installed = _installed(cache_dir)
+    if not isinstance(installed.get(name), int) or installed[name] < at:
+        installed[name] = at
+        write_json_atomic(Path(cache_dir) / "tritonwarm" / INSTALLED_RECORD, installed, indent=1, durable=durable)
+
+
+def _installed(cache_dir) -> dict:
+    path = Path(cache_dir) / "tritonwarm" / INSTALLED_RECORD
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(_MAX_FILE * 16))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise SignatureError(f"{path} is unreadable or damaged ({e}): remove it to start the record again") from None
+    if not isinstance(data, dict):
+        raise SignatureError(f"{path} is damaged (not a table): remove it to start the record again")
+    return data
+
+
+def parse_date(text: str) -> int:
+    """``--not-older-than``: a date (``2026-12-04``), a UTC date and time (``2026-12-04T10:00:00``) or unix seconds."""
+    import calendar
+
+    text = str(text).strip()
+    if text.isdigit():
+        return int(text)
+    for pattern in ("%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return calendar.timegm(time.strptime(text, pattern))
+        except ValueError:
+            continue
+    raise SignatureError(f"--not-older-than {text[:40]!r}: expected a date (2026-12-04), a UTC time "
+                         "(2026-12-04T10:00:00) or unix seconds")
+
+
+__all__ = ["COMMENT_KIND", "Claim", "INSTALLED_RECORD", "PublicKey", "SIGNATURE_SUFFIX", "SecretKey", "Signature",
+           "SignatureError", "check", "check_binding", "check_claim", "check_name", "comment_fields", "digests",
+           "fingerprint_digest", "generate", "name_matches", "parse_date", "parse_signature", "read_public_key",
+           "read_secret_key", "read_signature", "record_install", "rollback_problem", "sign", "signed_at",
+           "trusted_comment"]

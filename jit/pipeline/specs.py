@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import yaml
 
-from ...errors import describe_error
+from ...errors import clipped, describe_error
 from ..core.specialization import class_reps, fake_tensor, scalar_class
 from ..core.targets import Target
 
@@ -38,6 +38,9 @@ MAX_ENUMERATED_RANGE = 4096
 MAX_ROWS = 10_000  # the cross product of a spec's axes and groups, counted before anything is built
 MAX_INT_BITS = 256  # integers an expression may build (2**64 fits; 9**9**9 does not)
 MAX_SEQUENCE = 10_000  # items a string or list repetition may build
+MAX_NESTING = 64  # lists and mappings inside each other (a recorded plan nests 8 deep; YAML's parser is quadratic)
+MAX_EXPRESSION = 1000  # characters in one $expression (real ones are under 100)
+MAX_EXPRESSION_DEPTH = 100  # operators inside each other in one expression (Python's compiler recurses)
 
 
 class SpecError(ValueError):
@@ -50,6 +53,22 @@ class SpecError(ValueError):
 
 
 # --------------------------------------------------------------------------- YAML with line numbers
+
+
+class _TooDeep(Exception):
+    def __init__(self, mark):
+        self.mark = mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, stopped at the first flow collection (``[``, ``{``) past ``MAX_NESTING``:
+    its scanner checks every open flow level at every token (a 40 KB ``[[[...`` took 40 s), and its
+    composer recurses once per level."""
+
+    def fetch_flow_collection_start(self, TokenClass):
+        if self.flow_level >= MAX_NESTING:
+            raise _TooDeep(self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
 
 
 _PLAIN_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
@@ -160,16 +179,35 @@ def _construct(node: ast.AST) -> str:
     return _CONSTRUCTS.get(name) or " ".join(re.findall(r"[A-Z][a-z]*", name)).lower() or name
 
 
+def _depth(tree: ast.AST) -> int:
+    """How deep the tree is, counted without recursing."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
 class Expr:
     """A small, safe Python expression over axis names (``$2 * hidden``, filters)."""
 
     def __init__(self, text: str, names: set[str], where: SpecError):
         self.text = text
         self.where = where  # file, line and field, for errors found when evaluating
+        if len(text) > MAX_EXPRESSION:  # Python's parser and compiler recurse: a long chain of + overflows them
+            raise SpecError(where.file, where.line, where.field, f"an expression of {len(text)} characters, "
+                            f"over the limit of {MAX_EXPRESSION}")
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as e:
             raise SpecError(where.file, where.line, where.field, f"bad expression {text!r}: {e.msg}") from None
+        except (RecursionError, MemoryError):
+            raise SpecError(where.file, where.line, where.field,
+                            f"expression {clipped(text, 60)} nests too deep for Python's parser") from None
+        if _depth(tree) > MAX_EXPRESSION_DEPTH:
+            raise SpecError(where.file, where.line, where.field, f"expression {clipped(text, 60)} nests operators "
+                            f"more than {MAX_EXPRESSION_DEPTH} deep (the limit for an expression)")
         for node in ast.walk(tree):
             if not isinstance(node, _ALLOWED_NODES):
                 raise SpecError(where.file, where.line, where.field,
@@ -441,12 +479,22 @@ def load_spec_file(path: str | Path) -> list[Spec]:
         raise SpecError(path, None, "<file>", e.strerror or str(e)) from None
     except UnicodeDecodeError as e:
         raise SpecError(path, None, "<file>", f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    too_deep = f"lists and mappings nest more than {MAX_NESTING} deep (the limit for a spec)"
     try:
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):  # before composing: nothing is expanded yet
+        depth = 0
+        for event in yaml.parse(text, Loader=_BoundedLoader):  # before composing: nothing is expanded yet
             if isinstance(event, yaml.AliasEvent):  # a billion-laughs spec expands exponentially
                 raise SpecError(path, event.start_mark.line + 1, "<yaml>",
                                 "YAML aliases (*name) are not supported in a spec: write the values out")
-        documents = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:  # block nesting (indentation); flow nesting stops in the scanner
+                    raise SpecError(path, event.start_mark.line + 1, "<yaml>", too_deep)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        documents = list(yaml.compose_all(text, Loader=_BoundedLoader))
+    except _TooDeep as e:
+        raise SpecError(path, e.mark.line + 1, "<yaml>", too_deep) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise SpecError(path, mark.line + 1 if mark else None, "<yaml>",
