@@ -17,8 +17,10 @@ HIDDEN = (2048, 4096)
 ROPE = ((1, 32, 8, 37, 128), (4, 32, 8, 512, 128))  # batch, q heads, kv heads, sequence, head dim
 
 
-def run(device: str, ops) -> None:
-    """``ops``: the package ``liger_kernel.ops``."""
+def run(device: str, ops=None) -> None:
+    """``ops``: the package ``liger_kernel.ops`` (imported here when not given)."""
+    if ops is None:
+        import liger_kernel.ops as ops
     for dtype in (torch.bfloat16, torch.float32):
         for hidden in HIDDEN:
             weight = torch.ones(hidden, dtype=dtype, device=device, requires_grad=True)
@@ -37,8 +39,6 @@ def run(device: str, ops) -> None:
 
 
 if __name__ == "__main__":
-    import liger_kernel.ops
-
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
-    run(p.parse_args().device, liger_kernel.ops)
+    run(p.parse_args().device)
