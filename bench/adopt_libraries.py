@@ -1,8 +1,9 @@
 """Adopting unmodified Triton kernel libraries from the package index: how many of the keys a server
 asks for each way of adopting them warms, and what the warm-up costs.
 
-For each library (liger-kernel: RMSNorm and SwiGLU; fla-core: the autotuned L2-norm), forward and
-backward, and each target (sm90, gfx942):
+For each library (liger-kernel: RMSNorm and SwiGLU; liger_train: a training step through its RMSNorm,
+SwiGLU and RoPE autograd Functions, no spec; fla-core: the autotuned L2-norm), forward and backward,
+and each target (sm90, gfx942):
 
 - judge: the library's own functions called by an ordinary program (``examples/adopt_<lib>_prog.py``)
   on real tensors, in a fresh process per target that imports the library under the target's answers,
@@ -38,8 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = {"liger": "liger_kernel", "fla": "fla"}
+LIBRARIES = {"liger": "liger_kernel", "liger_train": "liger_kernel", "fla": "fla"}
 TARGETS = ("sm90", "gfx942")
+TRAINING = {"liger_train": "liger_kernel.ops"}  # programs that train: judged by the played server, given this package
 
 
 # --------------------------------------------------------------------------- the judge (its own process)
@@ -104,14 +106,31 @@ def judge(lib: str, target_name: str, server_plan: str) -> list[list[str]]:
     from tritonwarm.jit.adopt.record import read_record, recording, write_plan
     from tritonwarm.jit.core.trace import Capture, tracing
 
-    cap = Capture()
     record = f"{server_plan}.jsonl"
+    if lib in TRAINING:
+        return _served_judge(lib, ALL[target_name], server_plan, record)
+    cap = Capture()
     with tracing(cap, ALL[target_name], all_kernels=True), _as_on_a_gpu(), recording(record):
         program = importlib.import_module(f"tritonwarm.examples.adopt_{lib}_prog")  # imports the library here
         program.run("cuda")
     recorded = read_record(record)
     write_plan(recorded.rows, server_plan, [f"adopt_{lib}_prog"], None, recorded.roots)
     return sorted([v.kernel, v.cache_hash, v.entry_dir, v.entry_name] for v in cap.variants.values())
+
+
+def _served_judge(lib: str, target, server_plan: str, record: str) -> list[list[str]]:
+    """A training program's keys: the server played on this machine (real CPU tensors seen on ``cuda``,
+    autograd as on the GPU, Triton's own binder computing each key), its launches recorded as above."""
+    from tritonwarm.jit.adopt.play_server import playing_server
+    from tritonwarm.jit.adopt.record import read_record, recording, write_plan
+    from tritonwarm.jit.core.trace import entry_dir_name
+
+    with tempfile.TemporaryDirectory() as cache, playing_server(target, Path(cache)) as served, recording(record):
+        served.import_module(f"tritonwarm.examples.adopt_{lib}_prog").run("cuda", served.import_module(TRAINING[lib]))
+    recorded = read_record(record)
+    write_plan(recorded.rows, server_plan, [f"adopt_{lib}_prog"], None, recorded.roots)
+    return sorted({(x.kernel, x.cache_hash, entry_dir_name(x.cache_hash), x.kernel.rsplit(".", 1)[-1])
+                   for x in served.launches})
 
 
 # --------------------------------------------------------------------------- the table
@@ -166,6 +185,8 @@ def table(libs, targets) -> list[dict]:
         for lib in libs:
             spec = ROOT / "examples" / f"adopt_{lib}.yaml"
             keys, sources = {}, {"spec": [spec], "dry-run record": [], "server record": []}
+            if not spec.exists():  # a program without a spec of its own (the training step)
+                del sources["spec"]
             notes = {"spec": "", "dry-run record": "", "server record": ""}
             for target in targets:
                 server = Path(tmp, f"{lib}-{target}.server.plan.yaml")

@@ -82,12 +82,21 @@ def cmd_record(args) -> int:
     for error, count in sorted(recorded.errors.items()):
         print(f"not recorded: {error}" + (f" ({count} launches)" if count > 1 else ""), file=sys.stderr)
     if recorded.rows:
-        write_plan(recorded.rows, output, command, target, recorded.roots)
+        write_plan(recorded.rows, output, command, target, recorded.roots, partial=partial_reason(recorded, returncode))
     if args.trace and recorded.dispatches:
         write_record(args.trace, recorded.dispatches.values())
     line, ok = summary(recorded, output, target, returncode, Path(args.trace) if args.trace else None)
     print(line, file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
+
+
+def partial_reason(recorded, returncode: int) -> str:
+    """Why a plan lacks launches the program makes ("" when it holds them all): it is marked with it,
+    and ``warmup`` and ``check`` of it fail until the program is recorded again."""
+    refused = sum(recorded.errors.values())
+    reasons = [f"the program exited with status {returncode}"] if returncode != 0 else []
+    reasons += [f"{refused} launches could not be recorded"] if refused else []
+    return "; ".join(reasons)
 
 
 def summary(recorded, output: Path, target: str | None, returncode: int, trace: Path | None) -> tuple[str, bool]:
@@ -112,4 +121,6 @@ def summary(recorded, output: Path, target: str | None, returncode: int, trace: 
     if returncode != 0:
         parts.append(f"the program exited with status {returncode}" +
                      (": the plan holds what it launched before" if recorded.rows else ""))
+    if recorded.rows and partial_reason(recorded, returncode):
+        parts.append("the plan is marked partial: warmup and check of it fail until the program is recorded again")
     return "; ".join(parts), bool(recorded.rows) and not refused and returncode == 0

@@ -193,9 +193,10 @@ def bound_by_name(jit_function, call: dict) -> dict:
 
 
 def write_plan(rows: list[dict], path: str | Path, command: list[str], target: str | None,
-               roots: list[str] = ()) -> None:
+               roots: list[str] = (), partial: str = "") -> None:
     """The record as a spec file: one zipped row per distinct launch, replayed by ``replay``;
-    ``roots``: the folders the program imported its modules from (``import_roots``)."""
+    ``roots``: the folders the program imported its modules from (``import_roots``); ``partial``: why
+    the plan lacks launches the program makes (it failed), which ``warmup`` and ``check`` then say."""
     import yaml
 
     unique = list({json.dumps(r, sort_keys=True): r for r in rows}.values())
@@ -207,6 +208,7 @@ def write_plan(rows: list[dict], path: str | Path, command: list[str], target: s
         "launcher": "tritonwarm.jit.adopt.record:replay",
         "capture": "all",
         "description": f"launches recorded from: {' '.join(command)}",
+        **({"partial": partial} if partial else {}),
         **({"import_roots": list(roots)} if roots else {}),
         "groups": {"launch": {"kernel": [r["kernel"] for r in unique], "call": [r["call"] for r in unique]}},
         "args": {"kernel": "$kernel", "call": "$call"},
@@ -344,10 +346,28 @@ def install_from_env() -> None:
     if not out or _installed:
         return
     _installed = True
+    target = os.environ.get(TARGET_ENV) or None
     stack = contextlib.ExitStack()
-    stack.enter_context(recording(out, os.environ.get(TARGET_ENV) or None, trace=bool(os.environ.get(TRACE_ENV)),
-                                  scratch=Path(out).parent))
+    stack.enter_context(recording(out, target, trace=bool(os.environ.get(TRACE_ENV)), scratch=Path(out).parent))
     atexit.register(stack.close)
+    if target is not None:
+        sys.excepthook = _one_line_for_what_a_dry_run_cannot_do(sys.excepthook)
+
+
+def _one_line_for_what_a_dry_run_cannot_do(previous):
+    """The program stopped because it read a fake's values (``DataDependentError``, perhaps as the cause
+    of a library's own error): one line that names the program's line and what to do, no traceback."""
+    from ..core.server_tensors import DataDependentError
+
+    def hook(kind, error, traceback):
+        seen = error
+        while seen is not None and not isinstance(seen, DataDependentError):
+            seen = seen.__cause__ or seen.__context__
+        if seen is None:
+            return previous(kind, error, traceback)
+        print(f"tritonwarm record: the dry run stopped at {seen}", file=sys.stderr)
+
+    return hook
 
 
 def read_record(path: str | Path) -> Recorded:

@@ -14,16 +14,30 @@ Inside ``server_tensors(backing)`` every allocation asked for on ``cuda`` is mad
 instead (``meta`` while warming, ``cpu`` for a test that plays the server) and comes back as a
 ``ServerTensor``; operations on ``ServerTensor`` s give ``ServerTensor`` s. Host code that reads a
 meta tensor's values (``.item()``, ``.tolist()``, ``nonzero()``, ``if t:``) fails with
-``DataDependentError`` naming the user's file and line and the spec field that provides them.
+``DataDependentError`` naming the user's file and line and the spec field that provides them. A
+tensor whose values the call gives (``torch.tensor(1.0, device="cuda")``) is a real CPU tensor.
 
 ``server_tensors("meta", meta_as_cuda=True)`` (a dry-run ``record``) also takes the program's own
 ``meta`` tensors for the server's: a program run with ``--device meta`` stands them in for its GPU,
-so its libraries' wrappers must see ``cuda`` there too.
+so its libraries' wrappers must see ``cuda`` there too. A program that reads a fake's values there
+(``.item()``, ``.tolist()``, ``.cpu()``) stops with the program's own line, and what to do instead.
+
+Autograd sees what it sees on the server, so a library's training branches run (``HAS_GRADIENTS =
+x.requires_grad``, a ``torch.autograd.Function``'s backward): a ``ServerTensor`` keeps
+``requires_grad`` and its place in the graph (a result with a ``grad_fn`` is dressed as a view of
+it, a leaf as a leaf), ``requires_grad_()``, ``.grad``, ``backward()`` and ``torch.autograd.grad``
+act on the tensor itself, an operation that returns one of its inputs (in-place, ``contiguous()``)
+returns that very ``ServerTensor``, and the gradients autograd computes for a ``ServerTensor`` (what
+a ``Function``'s backward receives, what lands in ``.grad``) are ``ServerTensor`` s too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import copy
+import functools
+import inspect
 import os
 import sys
 
@@ -46,8 +60,15 @@ class ServerTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, base: torch.Tensor, arg: str | None = None):
-        tensor = _PLAIN._make_subclass(cls, base.as_subclass(_PLAIN) if isinstance(base, cls) else base)
+        with torch._C.DisableTorchFunction():
+            if isinstance(base, cls):
+                base = base.as_subclass(_PLAIN)
+            if base.grad_fn is not None:  # a result inside autograd's graph: a view of it stays there
+                tensor = base.as_subclass(cls)
+            else:  # a leaf: a new tensor on the same storage, with its requires_grad
+                tensor = _PLAIN._make_subclass(cls, base, base.requires_grad)
         tensor.arg = arg
+        _dress_gradients(tensor)
         return tensor
 
     @property
@@ -74,6 +95,23 @@ class ServerTensor(torch.Tensor):
         if plain.is_meta:  # the address the same view has on the server's (aligned) allocator
             return plain.storage_offset() * plain.element_size()
         return plain.data_ptr()
+
+    def __deepcopy__(self, memo):
+        """A leaf's copy (``copy.deepcopy(model)``): the same layout, ``requires_grad``, ``.grad`` and
+        attributes (a ``Parameter``'s mark); autograd copies leaves only, as for plain tensors."""
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch._C.DisableTorchFunction():
+            if not self.is_leaf:
+                return _PLAIN.__deepcopy__(self.as_subclass(_PLAIN), memo)  # torch's own refusal
+            copied = copy.deepcopy(self.detach(), memo).requires_grad_(self.requires_grad)
+        tensor = ServerTensor(copied, self.arg)
+        memo[id(self)] = tensor
+        tensor.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "arg"}, memo))
+        if self.grad is not None:
+            with torch._C.DisableTorchFunction():
+                tensor.grad = copy.deepcopy(self.grad, memo)
+        return tensor
 
     def __repr__(self, *args, **kwargs) -> str:
         plain = self.as_subclass(_PLAIN)
@@ -114,15 +152,23 @@ class _ServerTensorMode(TorchFunctionMode):
         self.meta_as_cuda = meta_as_cuda
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {}, self.backing, self.meta_as_cuda)
+        return _dispatch(func, args, kwargs or {}, self.backing, self.meta_as_cuda, self)
+
+
+_dry_run = contextvars.ContextVar("tritonwarm_dry_run_of_a_program", default=False)
 
 
 @contextlib.contextmanager
 def server_tensors(backing: str = "meta", meta_as_cuda: bool = False):
     """Inside the block, tensors host code allocates on ``cuda`` are ``ServerTensor`` s on ``backing``;
-    ``meta_as_cuda``: ``meta`` tensors too (a program that stands them in for its GPU)."""
-    with _ServerTensorMode(backing, meta_as_cuda and torch.device(backing).type == "meta"):
-        yield
+    ``meta_as_cuda``: ``meta`` tensors too (a program that stands them in for its GPU: a dry run)."""
+    meta_as_cuda = meta_as_cuda and torch.device(backing).type == "meta"
+    token = _dry_run.set(meta_as_cuda)
+    try:
+        with _ServerTensorMode(backing, meta_as_cuda):
+            yield
+    finally:
+        _dry_run.reset(token)
 
 
 _DATA_READS = {
@@ -130,9 +176,107 @@ _DATA_READS = {
     _PLAIN.__bool__: "a truth test (if t:)", _PLAIN.__int__: "int(t)", _PLAIN.__index__: "using a tensor as an index",
     _PLAIN.__float__: "float(t)", _PLAIN.numpy: ".numpy()", torch.unique: "torch.unique",
     _PLAIN.unique: ".unique()", torch.masked_select: "torch.masked_select", torch.bincount: "torch.bincount",
-    _PLAIN.bincount: ".bincount()", torch.repeat_interleave: "torch.repeat_interleave",
+    _PLAIN.bincount: ".bincount()", torch.repeat_interleave: "torch.repeat_interleave", _PLAIN.cpu: ".cpu()",
+    torch.equal: "torch.equal", _PLAIN.equal: ".equal()",
 }
 _TO_HOST = {_PLAIN.cpu, _PLAIN.numpy}
+_VALUES_GIVEN = {torch.tensor, torch.as_tensor, torch.scalar_tensor}  # factories whose values are in the call
+
+
+def _autograd_functions() -> set:
+    """What reads or changes a tensor's own autograd state: run on the ``ServerTensor`` itself, since
+    the plain view other operations get is another tensor to autograd (its own ``.grad``, a leaf no
+    more)."""
+    functions = {_PLAIN.requires_grad_, _PLAIN.retain_grad, _PLAIN.register_hook}
+    functions |= {getattr(_PLAIN, name) for name in ("register_post_accumulate_grad_hook",) if hasattr(_PLAIN, name)}
+    for name in ("requires_grad", "grad", "grad_fn", "is_leaf", "retains_grad", "_version", "output_nr"):
+        functions.add(getattr(_PLAIN, name).__get__)
+    for name in ("requires_grad", "grad", "data"):  # setters: on the tensor itself, not on a view of it
+        functions |= {getattr(_PLAIN, name).__set__, getattr(_PLAIN, name).__delete__}
+    return functions
+
+
+_AUTOGRAD = _autograd_functions()
+_ENGINE = {_PLAIN.backward, torch.autograd.backward, torch.autograd.grad}  # they run autograd's engine
+_GRAD = _PLAIN.grad.__get__
+
+
+def _dress_gradients(tensor: ServerTensor) -> None:
+    """Gradients autograd computes for ``tensor`` reach Python (a ``Function``'s backward, ``.grad``,
+    hooks) as ``ServerTensor`` s: host code in a backward asks them where they live too."""
+    with torch._C.DisableTorchFunction():
+        if not tensor.requires_grad:
+            return
+        hooks = tensor._backward_hooks or {}
+        if not any(isinstance(h, functools.partial) and h.func is _dressed_gradient for h in hooks.values()):
+            tensor.register_hook(functools.partial(_dressed_gradient, arg=tensor.arg))
+
+
+def _dressed_gradient(grad: torch.Tensor, arg: str | None):
+    return None if isinstance(grad, ServerTensor) else ServerTensor(grad, arg)
+
+
+def _run_autograd(func, args, kwargs, server: list[ServerTensor]):
+    """``func`` of ``_AUTOGRAD`` on the tensors as they are; a ``.grad`` is kept as a ``ServerTensor``
+    (the same one on every read)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        result = func(*args, **kwargs)
+    for tensor in server:
+        _dress_gradients(tensor)  # requires_grad_(): from now on
+    if func == _GRAD and isinstance(args[0], ServerTensor) and type(result) is _PLAIN:
+        dressed = ServerTensor(result, args[0].arg)
+        with torch._C.DisableTorchFunction():
+            args[0].grad = dressed
+        return dressed
+    return result
+
+
+def _run_engine(func, args, kwargs, server: list[ServerTensor], mode: TorchFunctionMode | None):
+    """``backward()``, ``torch.autograd.backward`` and ``torch.autograd.grad``, started below their own
+    ``__torch_function__`` check: autograd's engine runs every node (a ``Function``'s backward, hooks)
+    in the state it was started in, so it starts with the server's answers in place, and a backward
+    sees ``ServerTensor`` s and allocates on ``cuda`` as it does on the server. The steps torch takes
+    after that check are taken here in the same order (``_make_grads``, ``_engine_run_backward``)."""
+    from torch.autograd import _make_grads
+    from torch.autograd.graph import _engine_run_backward
+
+    given = inspect.signature(func).bind(*args, **kwargs).arguments
+    is_grad = func is torch.autograd.grad
+    named_inputs = given.get("inputs")
+    if given.get("is_grads_batched") or (named_inputs is not None and not _as_tuple(named_inputs)):
+        with torch._C.DisableTorchFunctionSubclass():  # vmapped gradients, torch's own argument errors
+            return func(*args, **kwargs)
+    outputs = _as_tuple(given.get("self", given.get("tensors", given.get("outputs"))))
+    inputs = _as_tuple(named_inputs) if named_inputs is not None else ()
+    grads = given.get("gradient", given.get("grad_tensors", given.get("grad_outputs")))
+    grads = (None,) * len(outputs) if grads is None else _as_tuple(grads)
+    create_graph = bool(given.get("create_graph", False))
+    retain_graph = given.get("retain_graph")
+    materialize = bool(given.get("materialize_grads", False))
+    allow_unused = given.get("allow_unused")
+    for tensor in server:
+        _dress_gradients(tensor)
+    with mode if mode is not None else contextlib.nullcontext():
+        grads = _make_grads(outputs, grads, is_grads_batched=False)
+        result = _engine_run_backward(outputs, grads, create_graph if retain_graph is None else retain_graph,
+                                      create_graph, inputs, (materialize if allow_unused is None else allow_unused)
+                                      if is_grad else True, accumulate_grad=not is_grad)
+        if not is_grad:
+            return None
+        arg = next((s.arg for s in server if s.arg), None)
+        result = tuple(ServerTensor(r, arg) if type(r) is _PLAIN and isinstance(i, ServerTensor) else
+                       torch.zeros_like(i, requires_grad=create_graph) if r is None and materialize else r
+                       for r, i in zip(result, inputs, strict=True))
+    return dict(zip(named_inputs, result, strict=True)) if isinstance(named_inputs, dict) else result
+
+
+def _as_tuple(value) -> tuple:
+    """Tensors as autograd's functions take them: one, a sequence, or a dict of them (``inputs``)."""
+    from torch.autograd.graph import GradientEdge
+
+    if isinstance(value, dict):
+        return tuple(value.values())
+    return (value,) if isinstance(value, (torch.Tensor, GradientEdge)) else tuple(value)
 
 
 def _is_cuda(device, meta_as_cuda: bool = False) -> bool:
@@ -144,12 +288,21 @@ def _is_cuda(device, meta_as_cuda: bool = False) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bool = False):
+def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bool = False,
+              mode: TorchFunctionMode | None = None):
     """Run ``func`` on the plain tensors, allocate ``cuda`` on the backing device, dress the results
-    (``meta_as_cuda``: plain ``meta`` tensors count as the server's too)."""
+    (``meta_as_cuda``: plain ``meta`` tensors count as the server's too; ``mode``: the one that
+    called, when one did)."""
+    if func in _AUTOGRAD or func in _ENGINE:
+        server = [a for a in _leaves((args, kwargs)) if isinstance(a, ServerTensor)]
+        if func in _ENGINE:
+            return _run_engine(func, args, kwargs, server, mode)
+        return _run_autograd(func, args, kwargs, server)
     if meta_as_cuda:
         args, kwargs = tree_map(_dressed_meta, (args, kwargs))
     server = [a for a in _leaves((args, kwargs)) if isinstance(a, ServerTensor)]
+    for tensor in server:
+        _dress_gradients(tensor)  # one that came to require grad since (a Function's output)
     fakes = any(backing_device(s).type == "meta" for s in server)
     if fakes:
         backing = torch.device("meta")
@@ -161,6 +314,8 @@ def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bo
         backing = torch.device("meta")
     if func is _PLAIN.cuda:
         return args[0] if isinstance(args[0], ServerTensor) else ServerTensor(args[0].to(backing))
+    if func in _VALUES_GIVEN and not fakes:
+        backing = torch.device("cpu")  # torch.tensor(1.0, device="cuda"): the call gives its values; keep them
     to_cuda = to_host = False
     if "device" in kwargs and kwargs["device"] is not None:
         to_cuda = _is_cuda(kwargs["device"], meta_as_cuda)
@@ -172,7 +327,10 @@ def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bo
         to_host = not to_cuda
         if to_cuda:
             args = (args[0], backing, *args[2:])
-    plain_args, plain_kwargs = tree_map(lambda v: _unwrap(v, fakes), (args, kwargs))
+    if fakes and to_host and func is _PLAIN.to and _device_type(kwargs.get("device", args[1:2] or None)) == "cpu":
+        raise _data_error(".to('cpu')", server)
+    unwrapped: dict[int, tuple[torch.Tensor, ServerTensor]] = {}  # id(plain view) -> (it, the ServerTensor)
+    plain_args, plain_kwargs = tree_map(lambda v: _unwrap(v, fakes, unwrapped), (args, kwargs))
     try:
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*plain_args, **plain_kwargs)
@@ -183,7 +341,13 @@ def _dispatch(func, args, kwargs, backing: torch.device | None, meta_as_cuda: bo
     if to_host or func in _TO_HOST or not (server or to_cuda):
         return result
     arg = next((s.arg for s in server if s.arg), None)
-    return tree_map(lambda v: ServerTensor(v, arg) if type(v) is _PLAIN and v.device == backing else v, result)
+
+    def dressed(value):
+        if id(value) in unwrapped and unwrapped[id(value)][0] is value:
+            return unwrapped[id(value)][1]  # an input given back (in place, contiguous()): that very tensor
+        return ServerTensor(value, arg) if type(value) is _PLAIN and value.device == backing else value
+
+    return tree_map(dressed, result)
 
 
 def _dressed_meta(value):
@@ -193,15 +357,24 @@ def _dressed_meta(value):
     return value
 
 
+def _device_type(value) -> str | None:
+    value = value[0] if isinstance(value, tuple) else value
+    if isinstance(value, (torch.device, str)):
+        return torch.device(value).type
+    return None
+
+
 def _is_device(value) -> bool:
     return isinstance(value, (torch.device, str)) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _unwrap(value, fakes: bool):
+def _unwrap(value, fakes: bool, unwrapped: dict):
+    """A ``ServerTensor`` as a plain view of it (in autograd's graph, as the view of an input is)."""
     if isinstance(value, ServerTensor):
         tensor = value.as_subclass(_PLAIN)
         if fakes and tensor.device.type != "meta":
-            tensor = tensor.to("meta")  # a spec's real index tensor beside fakes: its values cannot matter here
+            return tensor.to("meta")  # a spec's real index tensor beside fakes: its values cannot matter here
+        unwrapped[id(tensor)] = (tensor, value)
         return tensor
     return value
 
@@ -234,12 +407,23 @@ def _internal(filename: str) -> bool:
     return name.startswith((ours, *runtime)) or (name.startswith(stdlib) and not name.startswith(packages))
 
 
-def user_frame() -> str:
-    """``file:line`` of the innermost frame outside torch, Triton, tritonwarm and the standard library."""
+def _installed(filename: str) -> bool:
+    """A file of an installed package (a library the program calls, not the program's own code)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return os.path.abspath(filename).startswith(tuple(os.path.abspath(paths[k]) + os.sep
+                                                      for k in ("purelib", "platlib")))
+
+
+def user_frame(program: bool = False) -> str:
+    """``file:line`` of the innermost frame outside torch, Triton, tritonwarm and the standard library
+    (``program``: and outside installed packages: the line of the program's own code)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not _internal(frame.f_code.co_filename):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        name = frame.f_code.co_filename
+        if not _internal(name) and not (program and _installed(name)):
+            return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "<unknown>"
 
@@ -258,6 +442,16 @@ def _data_error(what: str, server: list[ServerTensor]) -> DataDependentError:
     fake = next((s for s in server if backing_device(s).type == "meta"), server[0])
     plain_fake = fake.as_subclass(_PLAIN)
     shown = f"{list(plain_fake.shape)} {str(plain_fake.dtype).replace('torch.', '')}"
+    if _dry_run.get():  # a program's dry run: no spec to give values in; name the program's own line
+        reading, program = user_frame(), user_frame(program=True)
+        inside = reading not in (program, "<unknown>")  # a library the program calls reads them
+        if program == "<unknown>":  # the program itself is an installed package
+            program, inside = reading, False
+        return DataDependentError(
+            f"{program}{f' (at {reading})' if inside else ''}: {what} reads the values of a device tensor ({shown}), "
+            "which a dry run does not have: record this program on a machine with the GPU (tritonwarm record "
+            "without --target), or " + ("warm that library call from a spec that gives the tensor's values (values:)"
+                                        if inside else "leave this read out of a dry run"))
     named = f" (from {fake.arg})" if fake.arg else ""
     field = f"{fake.arg}.values" if fake.arg else "the tensor's values"
     return DataDependentError(

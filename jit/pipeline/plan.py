@@ -113,6 +113,9 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
                 store.save(key, partial.to_json(), kernel_source_keys(partial))
             if partial is not None:
                 result.merge(partial)
+                if specs[i].partial:  # not part of the stored plan: said on every warm-up and check
+                    result.errors.append(f"{specs[i].file}: a partial plan ({specs[i].partial}): it lacks launches "
+                                         "the program makes; record the program again")
         plans[target.name] = result
     return plans
 

@@ -27,10 +27,10 @@ from ..core.specialization import class_reps, fake_tensor, scalar_class
 from ..core.targets import Target
 
 TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "targets", "axes", "groups", "filter",
-                    "args", "import_roots"}
+                    "args", "import_roots", "partial"}
 CAPTURE_MODES = ("jitkernels", "all")
 RANGE_FIELDS = {"range", "step", "collapse"}
-TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when", "values"}
+TENSOR_FIELDS = {"tensor", "dtype", "stride", "aligned", "when", "values", "requires_grad"}
 MAX_VALUES = 65536  # a tensor given by its values (index lists, counts) is small
 MAX_DIM = 2**62  # a fake tensor's sizes, strides and element count stay below it (torch's int64 math)
 _DIM_RANGE = "dimensions and strides are integers in [0, 2**62)"
@@ -273,6 +273,7 @@ class Spec:
     source_sha256: str = ""  # of the whole YAML file: part of the plan store's key
     capture_all: bool = False  # capture: all — every Triton kernel the launcher reaches, not only JitKernels
     config: Any = None  # a pinned autotune config: index, mapping or $expression, per row
+    partial: str = ""  # a recorded plan that lacks launches (the program failed): why; warmup and check fail
 
     @property
     def name(self) -> str:
@@ -323,10 +324,11 @@ class Spec:
 
 
 class _TensorArg:
-    def __init__(self, shape, dtype, stride, aligned, when, values=None, path=""):
+    def __init__(self, shape, dtype, stride, aligned, when, values=None, path="", requires_grad=False):
         self.shape, self.dtype, self.stride, self.aligned, self.when = shape, dtype, stride, aligned, when
         self.values = values  # the tensor's data, for host code that reads it (.item(), .tolist(), nonzero())
         self.path = path  # "args.idx": named when host code reads the values of a fake
+        self.requires_grad = requires_grad  # a training call's input: a library's gradient branches run
 
 
 class _DtypeArg:
@@ -349,6 +351,8 @@ def _build(template, row, serving: bool = False):
         tensor = fake_tensor(shape, dtype, stride=stride, aligned=aligned)
         if template.values is not None:
             tensor = tensor_with_values(tensor, _build(template.values, row))
+        if _build(template.requires_grad, row):
+            tensor.requires_grad_(True)
         if serving:
             from ..core.server_tensors import as_server_tensor
 
@@ -396,9 +400,10 @@ def _validate(template, row, loc: _Located):
         if math.prod(shape) >= MAX_DIM:
             raise loc.error((), f"a tensor of shape {shape} has 2**62 elements or more")
         _validate(template.aligned, row, loc)
+        _validate_requires_grad(template, row, loc)
         if template.values is not None:
             values = _flat(_validate(template.values, row, loc))
-            path = tuple(template.path.split(".")) + ("values",)
+            path = _template_path(template) + ("values",)
             if len(values) > MAX_VALUES:
                 raise loc.error(path, f"{len(values)} values: a tensor given by its values has at most {MAX_VALUES}")
             if len(values) != math.prod(shape):
@@ -415,6 +420,25 @@ def _validate(template, row, loc: _Located):
     if isinstance(template, dict):
         return {k: _validate(v, row, loc) for k, v in template.items()}
     return template
+
+
+def _template_path(template: _TensorArg) -> tuple:
+    """The tensor's path in the spec (list positions as numbers), for the line of an error."""
+    return tuple(int(p) if p.isdigit() else p for p in template.path.split("."))
+
+
+def _validate_requires_grad(template: _TensorArg, row, loc: _Located) -> None:
+    """``requires_grad`` is true or false, and true only for a dtype autograd differentiates."""
+    path = _template_path(template) + ("requires_grad",)
+    value = _validate(template.requires_grad, row, loc)
+    if not isinstance(value, bool):
+        shown = f"${template.requires_grad.text} gives {value!r}" if isinstance(template.requires_grad, Expr) \
+            else repr(value)
+        raise loc.error(path, f"{shown}: must be true or false")
+    dtype = _validate_dtype(template.dtype, row, loc)
+    if value and not (dtype.is_floating_point or dtype.is_complex):
+        raise loc.error(path, f"a {str(dtype).replace('torch.', '')} tensor cannot require grad: only floating-point "
+                              "and complex tensors can")
 
 
 def _dimension(template, row, loc: _Located) -> int:
@@ -530,6 +554,9 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise loc.error(("description",), "must be a string")
+    partial = data.get("partial", "")
+    if not isinstance(partial, str):
+        raise loc.error(("partial",), f"{partial!r}: must be a string (why the recorded plan lacks launches)")
     targets = data.get("targets", [])
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise loc.error(("targets",), "must be a list of backends (cuda, hip) or target names")
@@ -589,7 +616,7 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
                         "runtime scalars, add steps, or split the spec")
     _validate_axis_dtypes(args, axes + [a for g in groups for a in g], loc)
     spec = Spec(path, index, kernel_path, description, targets, axes, groups, filter_expr, args, launcher,
-                capture_all=capture == "all", config=config)
+                capture_all=capture == "all", config=config, partial=partial)
     rows = spec.rows()
     if not rows:
         raise loc.error(("filter",) if filter_expr else (), "the spec has no rows")
@@ -706,6 +733,7 @@ def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
                 None if value.get("values") is None else _parse_template(value["values"], path + ("values",),
                                                                          names, loc),
                 ".".join(map(str, path)),
+                _parse_template(value.get("requires_grad", False), path + ("requires_grad",), names, loc),
             )
             for field_name, dims in (("tensor", tensor.shape), ("stride", tensor.stride or [])):
                 for i, s in enumerate(dims):
@@ -715,6 +743,9 @@ def _parse_template(value: Any, path: tuple, names: set[str], loc: _Located):
                         raise loc.error(path + (field_name, i), f"{s} is not a dimension: {_DIM_RANGE}")
             if not isinstance(tensor.aligned, (bool, Expr)):
                 raise loc.error(path + ("aligned",), "must be true, false or a $expression")
+            if not isinstance(tensor.requires_grad, (bool, Expr)):
+                raise loc.error(path + ("requires_grad",), f"{tensor.requires_grad!r}: must be true, false or a "
+                                                           "$expression")
             return tensor
         if set(value) == {"dtype"}:
             return _DtypeArg(_parse_dtype(value["dtype"], path + ("dtype",), names, loc))
