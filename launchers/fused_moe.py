@@ -163,27 +163,40 @@ WEIGHT_FORMATS = ("dense", "mxfp4", "nvfp4")
 
 def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gated: bool, target: Target) -> int:
     """Shared memory one program of the fused MoE GEMM needs on ``target`` (an estimate, checked
-    against compiled binaries by the tests): the pipelined tiles of one K step, ``A`` (BLOCK_M x
-    BLOCK_K activations) and one weight tile per output (two when ``gated``: gate and up), weights
-    as stored (dense in the activation's dtype; FP4 packed two to a byte plus one scale byte per 32
-    (MXFP4) or 16 (NVFP4) values), times Triton's pipeline buffers (``pipeline_buffers``); where the
-    matrix unit reads its operands from shared memory (``async_mma``) and on AMD, an FP4 tile is
-    also decoded into shared memory in the activation's dtype (an NVFP4 tile everywhere, once)."""
+    against compiled binaries by ``bench/shared_estimates.py`` and the tests), from what Triton
+    allocates for this kernel:
+
+    - dense weights: the loads feed ``tl.dot`` as they are, so each pipeline buffer
+      (``pipeline_buffers``: ``num_stages`` where an asynchronous matrix unit reads them from shared
+      memory, which takes 2-byte operands only: fp32's IEEE dots run on FMA; else one fewer) holds a
+      K step's ``A`` tile (BLOCK_M x BLOCK_K) and its weight tile(s), one per output (two when
+      ``gated``: gate and up);
+    - FP4 weights (MXFP4, NVFP4): a K step loads ``A`` and the packed weight tile(s) (two codes a
+      byte, plus one scale byte per 32 or 16 values), which are reordered and decoded in registers
+      before any dot. On NVIDIA the pipeliner keeps ``num_stages - 1`` buffers of them (none at one
+      stage: the last stage is in registers), and the MMAs read their operands from shared memory:
+      the reordered ``A`` tile and the decoded weight tile in the activation's dtype (BLOCK_N x
+      BLOCK_K; one at a time, gate then up). sm100's tcgen05 MMAs run asynchronously and keep both
+      weight tiles, or with ``SWAP`` (below 64-row blocks, the weights the MMA's first operand) read
+      them from tensor memory while ``A`` is staged twice in shared memory.
+      On AMD the pipeliner stages through LDS only loads that feed a dot as they are, so these are
+      prefetched into registers, and the operands pass through LDS on their way to registers one at
+      a time: the larger of the two tiles.
+    """
     m, n, k = config.block_m, config.block_n, config.block_k
-    if weight == "dense":
-        weight_tile = k * n * act_bytes
-    else:
-        weight_tile = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
     outputs = 2 if gated else 1
-    stage = m * k * act_bytes + outputs * weight_tile
-    mma_from_shared = async_mma(target, m)
-    if weight != "dense" and (mma_from_shared or not target.is_nvidia):
-        decoded = outputs * k * n * act_bytes
-    elif weight == "nvfp4":  # its fp32 scaling: the decoded tile passes through shared memory once
-        decoded = k * n * act_bytes
-    else:
-        decoded = 0
-    return pipeline_buffers(target, config.num_stages, mma_from_shared) * stage + decoded
+    a_tile = m * k * act_bytes
+    if weight == "dense":
+        stage = a_tile + outputs * k * n * act_bytes
+        return pipeline_buffers(target, config.num_stages, async_mma(target, m) and act_bytes <= 2) * stage
+    decoded = n * k * act_bytes
+    if not target.is_nvidia:
+        return max(a_tile, decoded)
+    packed = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
+    buffered = max(config.num_stages - 1, 0) * (a_tile + outputs * packed)
+    if 100 <= int(target.arch) < 120:  # tcgen05
+        return buffered + (2 * a_tile if m < 64 else outputs * decoded + a_tile)
+    return buffered + decoded + a_tile
 
 
 def smaller_moe_tile(config: TileConfig, min_block_k: int = 16) -> TileConfig | None:

@@ -18,7 +18,7 @@ import torch
 
 from ..jit import JitKernel, Launch, Target
 from ..jit.core.targets import active_gpu_target
-from ..jit.core.tile_fit import active_target, fit_tile, pipeline_buffers, shared_budget
+from ..jit.core.tile_fit import active_target, async_mma, fit_tile, shared_budget
 from ..kernels.mla_kv_quant import mla_kv_quantize_write_kernel, quantized_mla_decode_split_kernel
 from ._attention_tiles import target_name
 from ._host import cdiv, next_power_of_2
@@ -165,6 +165,11 @@ def _head_tile(num_heads: int, tiles: QuantizedTiles) -> int:
 
 
 def _splits(batch: int, block_table, block_size: int, num_heads: int, kv_cache_dtype: str, device) -> int:
+    """Splits per request, from the declared tile: the metadata is made once per step without q,
+    whose dtype and geometry decide the fitted tile, and both it and the launch must agree. Any
+    count is correct (the kernel divides a request's tiles by its own ``BLOCK_N``); for a bf16 or
+    fp16 q the declared tiles fit every target as they are (tests/test_resources.py), so this is
+    also the launched tile, and for an fp32 q (16 tokens a tile) it only means fewer splits."""
     tiles = quantized_tiles(kv_cache_dtype)
     return grid_splits(batch, cdiv(num_heads, _head_tile(num_heads, tiles)), block_table.shape[1] * block_size,
                        tiles.block_n, tiles.parts_per_sm, device_sm_count(device))
@@ -172,19 +177,37 @@ def _splits(batch: int, block_table, block_size: int, num_heads: int, kv_cache_d
 
 def quantized_split_shared_bytes(block_h: int, block_n: int, num_stages: int, fmt: MLAKVFormat, act_bytes: int,
                                  target: Target) -> int:
-    """Shared memory one program of the quantized split kernel needs on ``target`` (an estimate, checked
-    against compiled binaries by the tests; kept on the safe side). The tiles are dequantized in
-    registers; on NVIDIA the dots read the key tile (latent + rope, twice: as keys and in the value's
-    layout), the query and the probabilities from shared memory; on AMD the latent rows of the key
-    or the output (whichever has more) pass through LDS. Each pipeline buffer past the first holds
-    a tile of raw entries."""
-    key_row = (fmt.kv_lora_rank + fmt.rope_dim) * act_bytes
-    raw = block_n * fmt.entry_bytes
+    """Shared memory one program of the quantized split kernel needs on ``target`` (an estimate,
+    checked against compiled binaries by ``bench/shared_estimates.py`` and the tests), from what
+    Triton allocates for it. The latent is dequantized once per tile, to f16 (fp32 for an fp32 q);
+    ``key`` is that BLOCK_N x rank tile, ``query`` q's BLOCK_H x rank latent in the same type.
+
+    - NVIDIA: both dots read ``key`` from shared memory (one copy: ``KEY_BARRIER``), and ``query``
+      and q's RoPE part stay there for the whole loop. The raw entries' fields (codes, scales read
+      in two layouts, the bf16 RoPE, NVFP4's global scale also twice) are decoded in registers, so
+      the pipeliner keeps ``num_stages - 1`` buffers of them (none at one stage). Where an
+      asynchronous 64-row MMA runs (``async_mma``: sm90's wgmma, sm100's tcgen05) it reads the RoPE
+      keys from shared memory and the probabilities from registers; else the probabilities
+      (BLOCK_H x BLOCK_N, f16) go through shared memory. An fp32 q's dots (IEEE fp32: no MMA) read
+      every operand from shared memory: the RoPE keys and the probabilities in fp32 too.
+    - AMD: operands only pass through LDS on their way to registers, one at a time: q's tile
+      (latent and RoPE) before the loop, then ``key`` (in either dot's layout) beside the pipelined
+      RoPE field, the only load that feeds a dot as it is.
+    """
+    rank, rope = fmt.kv_lora_rank, fmt.rope_dim
+    key_bytes = 4 if act_bytes == 4 else 2
+    key, query = block_n * rank * key_bytes, block_h * rank * key_bytes
+    rope_keys = block_n * rope * 2  # stored bf16
     if target.is_nvidia:
-        return ((pipeline_buffers(target, num_stages) - 1) * raw + 2 * block_n * key_row + block_h * key_row
-                + block_h * block_n * act_bytes)
-    buffers = pipeline_buffers(target, num_stages) if num_stages > 1 or str(target.arch).startswith("gfx95") else 0
-    return buffers * raw + max(block_n, block_h) * fmt.kv_lora_rank * act_bytes
+        scales = fmt.scale_bytes + (4 if fmt.global_scale_offset >= 0 else 0)
+        raw = block_n * (fmt.latent_bytes + 2 * scales) + rope_keys
+        if act_bytes == 4:
+            operands = block_n * rope * 4 + block_h * block_n * 4
+        else:
+            operands = rope_keys if async_mma(target, block_h) else block_h * block_n * 2
+        return max(num_stages - 1, 0) * raw + key + query + block_h * rope * act_bytes + operands
+    buffers = num_stages if str(target.arch).startswith("gfx95") else max(num_stages - 1, 0)
+    return max(block_h * (rank + rope) * key_bytes, key + buffers * rope_keys)
 
 
 @functools.cache

@@ -279,6 +279,24 @@ def test_the_tiles_that_failed_on_the_h200_are_fitted_for_sm90():
     assert split.args["BLOCK_H"] == "=64" and split.num_stages == 2  # the declared 3 stages needed 294,912
 
 
+@pytest.mark.parametrize("target_name", RESOURCE_TARGETS)
+def test_quantized_mla_splits_count_the_tile_that_is_launched(target_name):
+    """The split count is made from the declared tile (the step's metadata knows no q); for bf16 and
+    fp16 q, the dtypes that serve, the fit leaves that tile as it is on every target, for DeepSeek's
+    geometry and any head count, so the splits count the tiles and head tiles that are launched."""
+    from tritonwarm.launchers.kv_cache_formats import QUANTIZED_DS_MLA_FORMATS, kv_format
+    from tritonwarm.launchers.mla_kv_quant import _head_tile, fitted_quantized_tile, load_quantized_tiles
+
+    target = TARGETS[target_name]
+    table = load_quantized_tiles()
+    entry = table.get(f"{target.backend}:{target.arch}") or table.get(target.backend) or table["default"]
+    for name in QUANTIZED_DS_MLA_FORMATS:
+        tiles = entry[name]
+        for num_heads in (16, 40, 128):
+            declared = (tiles.num_stages, tiles.block_n, _head_tile(num_heads, tiles))
+            assert fitted_quantized_tile(declared, kv_format(name), 2, target) == declared, (name, num_heads)
+
+
 def _mla_decode(num_heads: int):
     """A DeepSeek MLA decode call's arguments: ``num_heads`` over one 576-wide latent head (value: 512)."""
     q, kv = fake_tensor((4, num_heads, 576), torch.bfloat16), fake_tensor((4096, 64, 1, 576), torch.bfloat16)
