@@ -74,6 +74,27 @@ def _one_line(e: Exception) -> str:
     return describe_error(e)
 
 
+class ArgumentsAnywhere(argparse.ArgumentParser):
+    """A parser whose positionals may come before, between or after its options
+    (``bundle create OUT --target sm90 warmup_specs/``), as with argparse's intermixed parsing.
+
+    Subcommands are parsers of this class too (argparse makes them of their parent's class). A parser
+    that has subcommands or takes a ``-- COMMAND`` remainder cannot be parsed intermixed (argparse
+    refuses it): it parses as usual, and its subcommand's own parser intermixes."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                    for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # intermixed parsing calls parse_known_args itself (Python <= 3.12)
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _parser() -> argparse.ArgumentParser:
     """Every command's arguments. Only light modules are imported here: ``--help`` and argument
     errors never pay for torch, Triton or the engine (each command imports what it needs)."""
@@ -82,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import bundle, cache, env, record, tune, warm
     from .examples import describe
 
-    p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
+    p = ArgumentsAnywhere(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     p.add_argument("--version", action="version", version=f"tritonwarm {__version__}")
     sub = p.add_subparsers(metavar="COMMAND")
     warm.add_parsers(sub)

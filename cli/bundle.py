@@ -62,7 +62,7 @@ def add_parsers(sub) -> None:
 
     c = bsub.add_parser("create", help="write the entries the plan needs, their manifest rows and the "
                                         "environment fingerprint into one .tar.gz")
-    c.add_argument("out", metavar="OUT", help="the archive to write (e.g. warm-sm90.tar.gz); the specs follow it")
+    c.add_argument("out", metavar="OUT", help="the archive to write (e.g. warm-sm90.tar.gz)")
     add_spec_args(c)
     c.add_argument("--binary-only", action="store_true",
                    help="carry only what the runtime loads (cubin/hsaco + metadata), not the IR")
