@@ -55,8 +55,8 @@ def test_no_suggestion_crosses_a_compute_capability(typed):
     assert "nearest" not in str(refused.value), str(refused.value)
 
 
-@pytest.mark.parametrize("typed, suggested", [("h10", "h100"), ("sm9", "sm90"), ("mi300", "mi300x"), ("gfx94", "gfx942"),
-                                              ("b30", "b300")])
+@pytest.mark.parametrize("typed, suggested", [("h10", "h100"), ("sm9", "sm90"), ("mi300", "mi300x"),
+                                              ("gfx94", "gfx942"), ("b30", "b300")])
 def test_a_typo_of_a_known_name_is_suggested(typed, suggested):
     with pytest.raises(UnknownTargetError, match=rf"\(nearest: {suggested}\)"):
         resolve_target(typed)
