@@ -15,6 +15,7 @@ _SESSION_DIR = tempfile.mkdtemp(prefix="tritonwarm-tests-")
 os.environ["TRITON_CACHE_DIR"] = os.path.join(_SESSION_DIR, "triton-cache")
 os.environ["TRITONWARM_CACHE_DIR"] = os.path.join(_SESSION_DIR, "tritonwarm-cache")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence Triton 3.9's default-change warning
+os.environ.pop("COLUMNS", None)  # output as a log gets it (200 columns), whatever terminal runs the tests
 warnings.filterwarnings("ignore", module="triton")
 
 # Test files whose outcome can depend on the Triton release: its specializer, binder and keys, its
