@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import describe_error
+from ..output import examples
 from .cache import PlanStore
 from .kernel import JitKernel
-from .specs import Spec
+from .specs import LauncherImportedPerTarget, Spec, arguments_problem
 from .targets import Target
 from .trace import Capture, Variant, tracing
 
@@ -30,17 +31,18 @@ class Plan:
     rows: int = 0
     unreachable: list[str] = field(default_factory=list)  # rows that launch nothing
     redundant: list[str] = field(default_factory=list)  # rows whose variants earlier rows already give
-    errors: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
+    errors: list[str] = field(default_factory=list)  # why rows failed: one line per cause, with its count
     collapse_errors: list[str] = field(default_factory=list)  # collapsed axes that change the variant
     # what planned it: spec files and engine configs, recorded by warm-up so prune can re-plan them
     sources: dict[str, list[str]] = field(default_factory=lambda: {"specs": [], "engine_configs": []})
     notes: list[str] = field(default_factory=list)  # what tracing had to approximate (autotune pruning)
     environment_read: dict[str, str | None] = field(default_factory=dict)  # variables launchers read, values
+    failed_rows: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
 
     def merge(self, other: Plan) -> None:
         self.rows += other.rows
         self.environment_read.update(other.environment_read)
-        for name in ("unreachable", "redundant", "errors", "collapse_errors", "notes"):
+        for name in ("unreachable", "redundant", "errors", "failed_rows", "collapse_errors", "notes"):
             getattr(self, name).extend(getattr(other, name))
         for kind, names in other.sources.items():
             self.sources[kind] = sorted(set(self.sources.get(kind, [])) | set(names))
@@ -53,7 +55,8 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
-                "errors": self.errors, "collapse_errors": self.collapse_errors, "notes": self.notes,
+                "errors": self.errors, "failed_rows": self.failed_rows, "collapse_errors": self.collapse_errors,
+                "notes": self.notes,
                 "environment_read": self.environment_read, "variants": [v.to_json() for v in self.variants.values()]}
 
     @classmethod
@@ -61,7 +64,7 @@ class Plan:
         variants = [Variant.from_json(v) for v in data["variants"]]
         return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
                    data["redundant"], data["errors"], data["collapse_errors"], notes=data.get("notes", []),
-                   environment_read=dict(data.get("environment_read", {})))
+                   environment_read=dict(data.get("environment_read", {})), failed_rows=data.get("failed_rows", []))
 
 
 def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
@@ -179,6 +182,7 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
     is traced (``capture: all``), not only JitKernels. Nothing is compiled."""
     result = Plan(target)
     cap = Capture(import_path)
+    failures: dict[str, list[str]] = {}  # the error's message -> the rows that raised it
     with tracing(cap, target, all_kernels) as autotune:
         for label, call in rows:
             result.rows += 1
@@ -187,10 +191,14 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
                 try:
                     call()
                 except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
-                    result.errors.append(f"{label}: the launcher failed on fake inputs: {describe_error(e)}")
+                    failures.setdefault(describe_error(e), []).append(label)
                     continue
             if not cap.keys_of(label):
                 result.unreachable.append(label)
+    for message, labels in failures.items():  # a wrong argument fails every row alike: said once, counted
+        result.failed_rows += labels
+        which = labels[0] if len(labels) == 1 else f"{len(labels)} rows ({examples(labels, 1)})"
+        result.errors.append(f"{which}: the launcher failed on fake inputs: {message}")
     result.notes += autotune.notes
     result.errors += autotune.errors
     result.variants = {v.cache_hash: v for v in cap.variants.values()}
@@ -279,7 +287,11 @@ def _call(spec: Spec, values: dict):
     except Exception as e:
         state.pinned = None
         state.errors.append(pin_error(state.row, e))
-    return spec.launcher(*args, **kwargs)
+    launcher = spec.launcher.resolve() if isinstance(spec.launcher, LauncherImportedPerTarget) else spec.launcher
+    problem = arguments_problem(launcher, args, kwargs)
+    if problem:  # said with the launcher's parameters, not as the bare TypeError of the call
+        raise TypeError(problem)
+    return launcher(*args, **kwargs)
 
 
 

@@ -523,6 +523,8 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     args = data["args"]
     if not isinstance(args, (dict, list)):
         raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
+    if capture != "all":  # a capture: all launcher is imported when traced: its rows say it
+        _check_arguments(launcher, args, loc)
     args = _parse_template(args, ("args",), known, loc)
     config = None
     if "config" in data:
@@ -548,6 +550,45 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     for row in rows:
         _validate(args, row.values, loc)
     return spec
+
+
+def arguments_problem(launcher, args, kwargs) -> str | None:
+    """Why ``launcher(*args, **kwargs)`` cannot bind (a wrong argument name, a missing one), with the
+    launcher's parameters; None when it binds or the launcher has no signature to read."""
+    try:
+        signature = inspect.signature(launcher)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        bare = signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                 return_annotation=signature.empty)
+        return f"{e}: the launcher is {getattr(launcher, '__name__', 'the launcher')}{bare}"
+    return None
+
+
+def _check_arguments(launcher, args, loc: _Located) -> None:
+    """The spec's ``args`` fit the launcher's parameters: ``epsilon:`` for ``eps`` is one line naming
+    the field, not one ``TypeError`` per row."""
+    positional, named = (list(args), {}) if isinstance(args, list) else ([], dict(args))
+    problem = arguments_problem(launcher, positional, named)
+    if problem is None:
+        return
+    quoted = re.search(r"'(\w+)'", problem)
+    where = ("args", quoted.group(1)) if quoted and quoted.group(1) in named else ("args",)
+    raise loc.error(where, problem)
+
+
+def jit_kernel_named(launcher, kernel_path: str) -> str | None:
+    """What to say when the spec names a ``@triton.jit`` kernel (or its autotuner) where the host
+    function that launches it belongs: such an object only runs as ``kernel[grid](...)``."""
+    from triton.runtime.jit import KernelInterface
+
+    if not isinstance(launcher, KernelInterface):
+        return None
+    return (f"{kernel_path!r} is a @triton.jit kernel, not a launcher: name the Python (host) function that launches "
+            "it as kernel[grid](...), or wrap the kernel in a JitKernel with its launch spec (docs/launch-specs.md)")
 
 
 def _validate_axis_dtypes(template, axes: list[Axis], loc: _Located) -> None:
@@ -738,6 +779,9 @@ class LauncherImportedPerTarget:
             launcher = getattr(launcher, part, None)
             if launcher is None:
                 raise LookupError(f"{self.where}: {self.module_name!r} has no {self.attr!r}")
+        jit_kernel = jit_kernel_named(launcher, self.kernel_path)
+        if jit_kernel:
+            raise LookupError(f"{self.where}: {jit_kernel}")
         if not callable(launcher):
             raise LookupError(f"{self.where}: {self.kernel_path!r} is not callable")
         return launcher
@@ -797,6 +841,9 @@ def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
         launcher = getattr(launcher, part, None)
         if launcher is None:
             raise loc.error((where,), f"unknown {where}: {module_name!r} has no {attr!r}")
+    jit_kernel = jit_kernel_named(launcher, kernel_path)
+    if jit_kernel:
+        raise loc.error((where,), jit_kernel)
     if inspect.isbuiltin(launcher) or inspect.isclass(launcher) or not callable(launcher):
         what = ("a built-in function" if inspect.isbuiltin(launcher) else "a class" if inspect.isclass(launcher)
                 else "not callable")
