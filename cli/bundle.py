@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..output import mib
 from .bundle_env import bundle_differences, environment_name
 from .common import (
     SERVE_AT_HELP,
@@ -114,7 +115,7 @@ def _print(report, args, what: str) -> None:
     targets = ", ".join(f"{t}: {n}" for t, n in report.targets.items()) or "none"
     kind = "binary-only" if report.binary_only else "full"
     wrap_print(f"{what}: ", f"{report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
-               f"{report.archive_bytes / 1e6:.2f} MB")
+               f"{mib(report.archive_bytes)}")
 
 
 def cmd_create(args) -> int:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import printable
+from ..output import EXAMPLES, examples, fold, plural, say
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     SERVE_AT_HELP,
@@ -25,7 +26,6 @@ from .common import (
     serve_at_arg,
     short_kernel,
     target_name,
-    wrap_print,
 )
 from .env import add_for_args, keyed_for
 
@@ -61,8 +61,8 @@ def add_parsers(sub) -> None:
                         "whose files are read from that folder are a note, not a problem")
     add_for_args(c)
     c.add_argument("--verbose", "-v", action="store_true",
-                   help="one line per missing, corrupt or unreachable variant or row, and the redundant rows "
-                        "(rows whose variants other rows already give)")
+                   help="one line per missing, corrupt or unreachable variant or row, per row without a stored "
+                        "autotune winner, and per row that adds no variant of its own")
     c.set_defaults(func=cmd_check)
 
 
@@ -114,21 +114,24 @@ def cmd_warmup(args) -> int:
         compile_seconds = round(time.perf_counter() - started, 3)
     for target, result in zip(targets, results, strict=True):
         the_plan = plans[target.name]
-        problems += the_plan.errors + the_plan.collapse_errors + result.failures
+        problems += the_plan.errors + the_plan.collapse_errors + fold_failures(result.failures)
         problems += [p for p in _store_pinned_winners(specs, target, cache_dir) if p not in problems]
         if result.manifest_set_aside:
             print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
                   "from the entries that verify", file=sys.stderr)
         if not args.json:
-            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
-                  f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
-                  f"in {result.seconds:.1f} s")
+            failed = plural(result.failed, "variant") + (f" and {plural(len(the_plan.failed_rows), 'row')}"
+                                                          if the_plan.failed_rows else "")
+            say(f"{target.name}: ", f"{plural(result.planned, 'variant')} planned from {plural(the_plan.rows, 'row')}: "
+                f"{result.compiled} compiled, {result.cached} already cached, {failed} failed "
+                f"in {result.seconds:.1f} s")
             if result.c_launchers:
                 print(f"{target.name}: {result.c_launchers['summary']}")
         if store is not None:
             pushes.append(_push(args, the_plan, cache_dir, store))
             problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
+    totals["failed_rows"] = sum(len(plans[t.name].failed_rows) for t in targets)
     totals["seconds"] = compile_seconds  # the compile phase's wall time (targets overlap in the pool)
     totals["trace_seconds"] = trace_seconds
     if args.json:
@@ -137,8 +140,25 @@ def cmd_warmup(args) -> int:
     else:
         print(f"cache: {cache_dir}")
         for line in problems:
-            print(f"problem: {line}", file=sys.stderr)
+            say("problem: ", line, file=sys.stderr)
     return 1 if problems else 0
+
+
+def fold_failures(failures: list[str]) -> list[str]:
+    """Compile failures (``kernel id: error``), one line per error with how many variants it failed and
+    of which kernels: a module that cannot be imported again fails every variant alike."""
+    def error(line: str) -> str:  # a line of another form (a C launcher's) is its own cause
+        variant, _, message = line.partition(": ")
+        return message if len(variant.split(" ")) == 2 and not line.startswith("C launcher") else line
+
+    lines = []
+    for message, same in fold(failures, error).items():
+        if len(same) == 1:
+            lines += same
+            continue
+        kernels = examples(short_kernel(line.split(" ", 1)[0]) for line in same)
+        lines.append(f"{len(same)} variants ({kernels}) failed to compile: {message}")
+    return lines
 
 
 def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
@@ -179,7 +199,7 @@ def cmd_check(args) -> int:
                           "serve_at": str(serve_at) if serve_at else None,
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
-        wrap_print("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
+        say("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
                    (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
         if serve_at is None:  # this machine is not that server
             note_where_triton_reads(cache_dir)
@@ -189,13 +209,13 @@ def cmd_check(args) -> int:
 
 
 def _print_check(r, verbose: bool) -> None:
-    """One line per cause, with its count; ``verbose`` adds a line per variant or row."""
+    """One line per cause, with its count and at most three examples; ``verbose`` adds a line per
+    variant or row."""
     status = "ok" if r.ok else "PROBLEMS"
     unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
-    print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
-          f"{len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows, "
-          f"{len(r.redundant)} redundant rows")
-    say = wrap_print
+    repeat = f" ({len(r.redundant)} of them only repeat other rows' variants)" if r.redundant else ""
+    say(f"{r.target}: ", f"{status}: {plural(r.planned, 'variant')} planned from {plural(r.rows, 'row')}{repeat}, "
+        f"{len(r.missing)} missing, {len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows")
     if r.interrupted:
         say("  interrupted: ", r.interrupted)
     if r.manifest_problem:
@@ -227,21 +247,49 @@ def _print_check(r, verbose: bool) -> None:
     if r.missing_c_launchers:
         say("  ", f"{len(r.missing_c_launchers)} C launchers missing (Triton would build them at first launch): "
                   f"{r.c_launcher_fix}")
-    if verbose or len(r.unreachable) <= 3:
+    if verbose or len(r.unreachable) <= EXAMPLES:
         for row in r.unreachable:
             say("  unreachable row: ", f"{row} launches no kernel")
     else:
-        say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel, first {r.unreachable[0]} (--verbose "
+        say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel: {examples(r.unreachable)} (--verbose "
                   "lists them)")
     for line in r.errors + r.collapse_errors:
         say("  error: ", line)
-    for line in r.unknown_winners:
-        say("  winner unknown: ", line)
+    if verbose:
+        for line in r.unknown_winners:
+            say("  winner unknown: ", line)
+    else:
+        for line in fold_unknown_winners(r.unknown_winners):
+            say("  winner unknown: ", line)
     for line in r.notes:
         say("  note: ", line)
     if verbose:
         for row in r.redundant:
-            print(f"  redundant row: {row}")
+            say("  repeats other rows: ", f"{row} (other rows launch every variant it launches)")
+
+
+def fold_unknown_winners(lines: list[str]) -> list[str]:
+    """Autotuned calls serving would benchmark (``row: kernel: cause``): one line per kernel and cause,
+    with how many rows and what stores their winners."""
+    from ..jit.adopt.autotune import NO_WINNER, UNKNOWN_WINNER_CAUSES
+
+    def kernel_and_cause(line: str) -> tuple[str, str]:
+        cause = next((c for c in UNKNOWN_WINNER_CAUSES if line.endswith(c)), "")
+        return line[:len(line) - len(cause)].rstrip(": ").rpartition(": ")[2], cause
+
+    folded = []
+    for (kernel, cause), rows in fold(lines, kernel_and_cause).items():
+        if not cause:  # not a line of the usual form: as it is
+            folded += rows
+            continue
+        labels = [line[:len(line) - len(cause)].rstrip(": ").rpartition(": ")[0] for line in rows]
+        first = f", first {labels[0]}" if labels[0] else ""
+        todo = ("serving benchmarks it: store the winners with `tritonwarm tune SPEC --target local` on a GPU of "
+                "this target, or pin a config per row (config: in the spec) and warm up" if cause == NO_WINNER
+                else cause)
+        folded.append(f"{short_kernel(kernel)}: {plural(len(rows), 'row')}{first}: "
+                      + ("no stored winner: " if cause == NO_WINNER else "") + todo)
+    return folded
 
 
 def summarise_rows(r) -> list[str]:
@@ -251,8 +299,7 @@ def summarise_rows(r) -> list[str]:
     for m in r.missing:
         causes.setdefault(m.get("cause") or "not warmed", []).append(m)
     for cause, rows in causes.items():
-        kernels = sorted({short_kernel(m["kernel"]) for m in rows})
-        named = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
+        named = examples(short_kernel(m["kernel"]) for m in rows)
         lines.append(f"missing: {len(rows)} ({cause}): {named}: {MISSING_ADVICE.get(cause, rows[0].get('why') or '')}"
                      .rstrip(": ") + " (--verbose lists each)")
     damaged = [m for m in r.corrupt if not m.get("why")]

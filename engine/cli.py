@@ -142,9 +142,11 @@ def kv_cache_summary(config, memory_gib: float | None = None) -> dict:
 
 
 def format_kv_cache_summary(summary: dict) -> str:
+    from ..output import mib
+
     line = (f"KV cache {summary['kv_cache_dtype']}: {summary['kv_bytes_per_token_layer']} bytes per token and layer, "
-            f"{summary['kv_bytes_per_token']} in all layers; {summary['kv_cache_tokens']} tokens in "
-            f"{summary['kv_cache_bytes'] / 2**20:.1f} MiB")
+            f"{summary['kv_bytes_per_token']} bytes per token in all layers; {summary['kv_cache_tokens']} tokens in "
+            f"{mib(summary['kv_cache_bytes'])}")
     if "kv_tokens_at_memory" in summary:
         line += f"; {summary['kv_memory_gib']:g} GiB hold {summary['kv_tokens_at_memory']} tokens"
     return line
