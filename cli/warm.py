@@ -332,7 +332,8 @@ def _check_trace(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print("\n".join(format_trace_report(report)))
+        for line in format_trace_report(report, verbose=args.verbose):
+            say("", line)
     return 0 if report.ok else 1
 
 
@@ -369,10 +370,17 @@ def _check_remote(args) -> int:
         print(json.dumps({"ok": ok, "targets": [r.to_json() for r in reports]}, indent=1))
         return 0 if ok else 1
     for r in reports:
-        print(f"{r.target}: {'ok' if r.ok else 'PROBLEMS'}: {r.url}: {r.planned} planned, {len(r.present)} present, "
-              f"{len(r.missing)} missing, {len(r.corrupt)} corrupt")
+        say(f"{r.target}: ", f"{'ok' if r.ok else 'PROBLEMS'}: {r.url}: {plural(r.planned, 'variant')} planned, "
+            f"{len(r.present)} present, {len(r.missing)} missing, {len(r.corrupt)} corrupt")
         for state in ("missing", "corrupt"):
-            for m in getattr(r, state):
-                print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
-                      (f"  ({printable(m['why'])})" if m.get("why") else ""))
+            if args.verbose:
+                for m in getattr(r, state):
+                    say(f"  {state:<8} ", f"{m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
+                        (f"  ({printable(m['why'])})" if m.get("why") else ""))
+                continue
+            for why, rows in fold(getattr(r, state), lambda m: m.get("why") or "").items():
+                kernels = examples(short_kernel(m["kernel"]) for m in rows)
+                fix = "pushes" if state == "missing" else "replaces"
+                say(f"  {state}: ", f"{plural(len(rows), 'variant')} of {kernels}" + (f" ({why})" if why else "")
+                    + f": `tritonwarm warmup --push URL` {fix} them (--verbose lists each)")
     return 0 if ok else 1

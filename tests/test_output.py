@@ -128,3 +128,105 @@ def test_a_capture_all_launcher_with_a_wrong_argument_fails_its_rows_in_one_line
     assert len(the_plan.failed_rows) == 40 and len(the_plan.errors) == 1, the_plan.errors
     assert "40 rows (s.yaml#0 (tokens=1) and 39 more): the launcher failed on fake inputs: TypeError: got an " \
            "unexpected keyword argument 'biass': the launcher is mlp_block(" in the_plan.errors[0]
+
+
+# ----------------------------------------------------------------------------- line budgets
+
+LINE_BUDGET = 20
+AUTOTUNED_200_ROWS = """\
+    # 200 rows of an autotuned kernel with no stored winner: each would benchmark at serving time
+    launcher: tritonwarm.examples.inhouse_autotuned:scale_rows
+    axes:
+      n_cols: {range: [1000, 1199]}
+    args:
+      x: {tensor: [32, $n_cols], dtype: bfloat16}
+      scale: {tensor: [32], dtype: float32}
+"""
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_check_of_the_shipped_specs_and_a_200_row_autotuned_spec_is_within_its_line_budget(tmp_path, capsys):
+    from tritonwarm.cli import SHIPPED_SPECS
+
+    autotuned = write_spec(tmp_path, AUTOTUNED_200_ROWS, "autotuned.yaml")
+    argv = ["check", SHIPPED_SPECS, autotuned, "--target", "sm90", "--cache-dir", tmp_path / "cache"]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 1
+    assert len(_lines(out)) <= LINE_BUDGET, out
+    winners = [line for line in out.splitlines() if "winner unknown:" in line]
+    assert len(winners) == 1 and "scale_rows_kernel: 200 rows" in winners[0], out
+    assert "tritonwarm tune SPEC --target local" in winners[0]
+    rc, verbose, _ = run(capsys, *argv, "--verbose")
+    assert verbose.count("winner unknown:") == 200 and len(_lines(verbose)) > 200
+
+
+def _entry(cache, kernel: str, number: int) -> dict:
+    from tritonwarm.jit.cache import entry_dir_name
+
+    cache_hash = f"{number:064x}"
+    folder = cache / entry_dir_name(cache_hash)
+    folder.mkdir(parents=True)
+    (folder / "k.cubin").write_bytes(b"x")
+    (folder / "__grp__k.json").write_text('{"child_paths": {"k.cubin": "%s"}}' % (folder / "k.cubin"))
+    return {"id": cache_hash[:12], "kernel": kernel, "target": "sm90", "cache_hash": cache_hash,
+            "entry_dir": folder.name, "entry_name": "k", "args": {"n": "i32"}, "rows": []}
+
+
+def test_check_trace_folds_misses_and_unused_variants_within_its_line_budget(tmp_path, capsys):
+    import json
+
+    from tritonwarm.jit.cache import Manifest
+
+    cache = tmp_path / "cache"
+    entries = [_entry(cache, f"pkg.mod.kernel_{i % 7}", i) for i in range(140)]
+    Manifest(cache, "sm90").update({e["cache_hash"]: e for e in entries})
+    record = tmp_path / "record.jsonl"
+    missed = [{"kernel": f"pkg.mod.other_{i % 5}", "target": "sm90", "variant": f"{i:012x}", "cache_hash": f"{i:064x}"
+               .replace("0", "f", 1), "hit": False, "args": {"n": "i64"}, "launches": 1,
+               "first": {"step": i, "requests": 1, "tokens": 1}} for i in range(1, 201)]
+    record.write_text("".join(json.dumps(line) + "\n" for line in missed))
+    rc, out, err = run(capsys, "check", "--trace", record, "--target", "sm90", "--cache-dir", cache)
+    assert rc == 1, err
+    assert len(_lines(out)) <= LINE_BUDGET, out
+    assert "sm90: MISSES: 200 variants launched, 200 missed the cache, 140 warmed but never used" in out
+    assert "  never used: 140 warmed variants of kernel_0, kernel_1, kernel_2 and 4 more" in out, out
+    [missed] = [line for line in out.splitlines() if line.startswith("  missed: ")]
+    assert missed.startswith("  missed: 200 variants ("), out
+    assert " of other_1, other_2, other_3 and 2 more first at step 1 (batch=1, tokens=1): " in missed, out
+    assert "  unused  " not in out
+    rc, verbose, _ = run(capsys, "check", "--trace", record, "--target", "sm90", "--cache-dir", cache, "--verbose")
+    assert verbose.count("  unused  ") == 140 and verbose.count("  miss  ") == 200
+
+
+def test_check_remote_folds_missing_variants_within_its_line_budget(tmp_path, capsys, monkeypatch):
+    """A shared cache that lacks everything: one line per cause, not one per variant (no Redis needed:
+    the store answers "missing" for every entry, as an empty Redis does)."""
+    import tritonwarm.cli.warm as warm_cli
+
+    class EmptyStore:
+        url = "redis://fleet:6379/0"
+
+        def inspect_entry(self, entry_dir, group_name):
+            return "missing", {}, None
+
+    monkeypatch.setattr(warm_cli, "_remote_store", lambda url: EmptyStore())
+    path = write_spec(tmp_path, """\
+        launcher: tritonwarm.launchers.rms_norm:rms_norm
+        axes:
+          dtype: [float16, bfloat16, float32]
+          n: [1, 16, 17]
+          hidden: [1024, 2048, 4096]
+        args:
+          x: {tensor: [$n, $hidden], dtype: $dtype}
+          weight: {tensor: [$hidden], dtype: $dtype}
+    """)
+    argv = ["check", path, "--target", "sm90", "--remote", "redis://fleet:6379/0"]
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 1 and len(_lines(out)) <= 3, out
+    assert "  missing: " in out and "variants of rms_norm_kernel: `tritonwarm warmup --push URL` pushes them" in out
+    rc, verbose, _ = run(capsys, *argv, "--verbose")
+    assert verbose.count("  missing  ") > 3
