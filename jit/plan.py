@@ -299,7 +299,9 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
     """Same class ⇒ same variants: trace other values of each collapsed axis and compare.
 
     This is what catches a runtime scalar that also picks a constexpr (vLLM #53567: a numel of
-    4096 collapsed to 16 warmed BLOCK=16 while the runtime launched BLOCK=1024).
+    4096 collapsed to 16 warmed BLOCK=16 while the runtime launched BLOCK=1024). Where it fails, the
+    values between are bisected for where the variants change, and the split of the range there is
+    the advice (Liger's RMSNorm changes kernels at 32,768 rows).
     """
     problems = []
     for axis in spec.collapsed_axes():
@@ -307,22 +309,60 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
             expected = cap.keys_of(row.label)
             if not expected:
                 continue
-            for sample in spec.collapse_samples(axis, row.values[axis.name], seed=index):
-                probe = Capture()
-                with tracing(probe, target, spec.capture_all), probe.row("probe"):
-                    try:
-                        _call(spec, {**row.values, axis.name: sample})
-                    except Exception:
-                        continue  # reported for the row itself if it matters
-                got = probe.keys_of("probe")
+            value = row.values[axis.name]
+            for sample in spec.collapse_samples(axis, value, seed=index):
+                got = _keys_at(spec, target, row.values, axis.name, sample)
+                if got is None:
+                    continue  # reported for the row itself if it matters
                 if got != expected:
-                    problems.append(
-                        f"{spec.file}:{axis.line}: axes.{axis.name}: collapse: true is unsound: "
-                        f"{axis.name}={sample} launches other variants than {axis.name}={row.values[axis.name]} "
-                        f"({row.label}); it drives a constexpr or the kernel choice, so enumerate it"
-                    )
+                    same, other = _where_variants_change(spec, target, row.values, axis.name, value, sample, expected)
+                    problems.append(_unsound_collapse(spec, axis, row, sample, min(same, other), max(same, other)))
                     break
             else:
                 continue
             break
     return problems
+
+
+def _keys_at(spec: Spec, target: Target, values: dict, name: str, value: int) -> set[str] | None:
+    """The variants a row launches with ``name`` set to ``value``; None when the launcher raises."""
+    probe = Capture()
+    with tracing(probe, target, spec.capture_all), probe.row("probe"):
+        try:
+            _call(spec, {**values, name: value})
+        except Exception:
+            return None
+    return probe.keys_of("probe")
+
+
+def _where_variants_change(spec: Spec, target: Target, values: dict, name: str, same: int, other: int,
+                           expected: set[str]) -> tuple[int, int]:
+    """Bisect between ``same`` (launches ``expected``) and ``other`` (launches something else) over
+    values of their specialization class: the closest pair of the class, one of each kind."""
+    from .specialization import scalar_class
+
+    cls = scalar_class(same)
+    step = 16 if cls.endswith("div16") else 1
+    while abs(other - same) > step:
+        middle = same + (other - same) // 2
+        middle -= (middle - same) % step  # a multiple of 16 stays one
+        if step == 1 and middle % 16 == 0:  # not of the class: the value beside it is
+            middle += 1 if middle + 1 != other else -1
+        if middle in (same, other) or scalar_class(middle) != cls:
+            break
+        keys = _keys_at(spec, target, values, name, middle)
+        if keys == expected:
+            same = middle
+        else:
+            other = middle
+    return same, other
+
+
+def _unsound_collapse(spec: Spec, axis, row, sample: int, below: int, above: int) -> str:
+    lo, hi = axis.collapsed_range
+    name, value = axis.name, row.values[axis.name]
+    return (f"{spec.file}:{axis.line}: axes.{name}: collapse: true is unsound: {name}={sample} launches other "
+            f"variants than {name}={value} ({row.label}): the launcher picks a constexpr or a kernel by it; the "
+            f"variants change between {name}={below} and {name}={above}: split the range there, in two spec documents "
+            f"(--- between them): {name}: {{range: [{lo}, {above - 1}], collapse: true}} and "
+            f"{{range: [{above}, {hi}], collapse: true}}")

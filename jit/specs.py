@@ -665,7 +665,8 @@ def _parse_axis(name: str, value: Any, path: tuple, loc: _Located) -> Axis:
     if count > MAX_ENUMERATED_RANGE:
         raise loc.error(path + ("range",), f"{count} values to enumerate (at most {MAX_ENUMERATED_RANGE}): add a "
                                              "step, or collapse: true if the value reaches the kernel only as a "
-                                             "runtime scalar")
+                                             "runtime scalar (where the collapse check finds the variants change at "
+                                             "a value, split the range there into collapsed ranges)")
     return Axis(name, list(range(lo, hi + 1, step)), line=line)
 
 

@@ -230,3 +230,86 @@ def test_check_remote_folds_missing_variants_within_its_line_budget(tmp_path, ca
     assert "  missing: " in out and "variants of rms_norm_kernel: `tritonwarm warmup --push URL` pushes them" in out
     rc, verbose, _ = run(capsys, *argv, "--verbose")
     assert verbose.count("  missing  ") > 3
+
+
+# ----------------------------------------------------------------------------- collapse advice
+
+WIDE_ROWS_MODULE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_rows_kernel(x, n_rows, BLOCK: tl.constexpr, WIDE: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x + i, tl.load(x + i, mask=i < n_rows) * (4 if WIDE else 2), mask=i < n_rows)
+
+
+def scale_rows(x):
+    """Like Liger's RMSNorm: another kernel variant from 32,768 rows on."""
+    n_rows = x.shape[0]
+    scale_rows_kernel[(triton.cdiv(n_rows, 128),)](x, n_rows, BLOCK=128, WIDE=n_rows >= 32768)
+'''
+
+
+def test_an_unsound_collapse_names_where_the_variants_change_and_the_split(tmp_path):
+    from tritonwarm.jit import TARGETS
+    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.specs import load_specs
+
+    (tmp_path / "wide_rows_lib.py").write_text(WIDE_ROWS_MODULE)
+    path = write_spec(tmp_path, """\
+        launcher: wide_rows_lib:scale_rows
+        capture: all
+        import_roots: ["."]
+        axes:
+          rows: {range: [1, 65536], collapse: true}
+        args:
+          x: {tensor: [$rows], dtype: float32}
+    """)
+    [problem] = plan(load_specs([path]), TARGETS["sm90"]).collapse_errors
+    assert problem.startswith(f"{path}:5: axes.rows: collapse: true is unsound: rows=65536 launches other variants "
+                              "than rows=16"), problem
+    assert "the variants change between rows=32752 and rows=32768" in problem, problem
+    assert problem.endswith("rows: {range: [1, 32767], collapse: true} and {range: [32768, 65536], collapse: true}")
+
+    split = write_spec(tmp_path, """\
+        launcher: wide_rows_lib:scale_rows
+        capture: all
+        import_roots: ["."]
+        axes:
+          rows: {range: [1, 32767], collapse: true}
+        args:
+          x: {tensor: [$rows], dtype: float32}
+        ---
+        launcher: wide_rows_lib:scale_rows
+        capture: all
+        import_roots: ["."]
+        axes:
+          rows: {range: [32768, 65536], collapse: true}
+        args:
+          x: {tensor: [$rows], dtype: float32}
+    """, "split.yaml")
+    the_plan = plan(load_specs([split]), TARGETS["sm90"])
+    assert not the_plan.collapse_errors and not the_plan.errors
+    assert len({v.args["WIDE"] for v in the_plan.variants.values()}) == 2  # both kernels warmed
+
+
+def test_the_enumeration_limit_is_the_documented_one(tmp_path, capsys):
+    from pathlib import Path
+
+    from tritonwarm.jit.specs import MAX_ENUMERATED_RANGE
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "specs.md").read_text()
+    assert f"at most {MAX_ENUMERATED_RANGE:,} values" in page
+    path = write_spec(tmp_path, f"""\
+        launcher: tritonwarm.launchers.rms_norm:rms_norm
+        axes:
+          n: {{range: [1, {MAX_ENUMERATED_RANGE + 1}]}}
+        args:
+          x: {{tensor: [$n, 64], dtype: bfloat16}}
+          weight: {{tensor: [64], dtype: bfloat16}}
+    """)
+    rc, _, err = run(capsys, "check", path, "--target", "sm90")
+    assert rc == 2 and f"{MAX_ENUMERATED_RANGE + 1} values to enumerate (at most {MAX_ENUMERATED_RANGE})" in err
+    assert "split the range there" in err
