@@ -313,3 +313,58 @@ def test_the_enumeration_limit_is_the_documented_one(tmp_path, capsys):
     rc, _, err = run(capsys, "check", path, "--target", "sm90")
     assert rc == 2 and f"{MAX_ENUMERATED_RANGE + 1} values to enumerate (at most {MAX_ENUMERATED_RANGE})" in err
     assert "split the range there" in err
+
+
+# ----------------------------------------------------------------------------- a warmed cache's commands
+
+ONE_VARIANT = """\
+    launcher: tritonwarm.launchers.rms_norm:rms_norm
+    axes:
+      n: [16]
+    args:
+      x: {tensor: [$n, 4096], dtype: bfloat16}
+      weight: {tensor: [4096], dtype: bfloat16}
+"""
+
+
+@pytest.fixture(scope="module")
+def warmed_bundle(tmp_path_factory):
+    """One rms_norm variant warmed for sm90, and its bundle."""
+    folder = tmp_path_factory.mktemp("warmed")
+    spec = write_spec(folder, ONE_VARIANT)
+    cache, bundle = folder / "cache", folder / "warm.tar.gz"
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "-j", "1"]) == 0
+    assert main(["bundle", "create", str(bundle), str(spec), "--target", "sm90", "--cache-dir", str(cache)]) == 0
+    return spec, cache, bundle
+
+
+def test_bundle_verify_opens_with_its_verdict_and_sizes_are_in_mib(warmed_bundle, capsys, monkeypatch):
+    spec, cache, bundle = warmed_bundle
+    capsys.readouterr()
+    rc, out, _ = run(capsys, "bundle", "verify", bundle)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].startswith(f"{bundle}: ok: every member and hash verified"), out
+    assert lines[1].startswith("  contents: 1 entry (sm90: 1), ") and lines[1].endswith(" MiB"), out
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")  # another environment: every key differs
+    rc, out, _ = run(capsys, "bundle", "verify", bundle)
+    assert rc == 1 and out.splitlines()[0].startswith(f"{bundle}: PROBLEMS: "), out
+    assert "this runtime would miss them" in out.splitlines()[0] and "verified:" not in out
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    rc, out, _ = run(capsys, "bundle", "create", bundle.parent / "again.tar.gz", spec, "--target", "sm90",
+                     "--cache-dir", cache)
+    assert rc == 0 and out.rstrip().endswith(" MiB") and " MB" not in out, out
+
+
+def test_list_wraps_to_the_terminal(warmed_bundle, capsys, monkeypatch):
+    _, cache, _ = warmed_bundle
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "100")
+    rc, out, _ = run(capsys, "list", "--cache-dir", cache)
+    assert rc == 0 and all(len(line) <= 100 for line in out.splitlines()), out
+    assert "x_ptr:*bf16" in out  # the arguments are all there, on lines of their own
+    monkeypatch.setenv("COLUMNS", "80")
+    rc, out, _ = run(capsys, "list", "--cache-dir", cache)
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    monkeypatch.delenv("COLUMNS")
+    rc, out, _ = run(capsys, "list", "--cache-dir", cache)  # a log: 200 columns
+    assert all(len(line) <= 200 for line in out.splitlines()) and max(map(len, out.splitlines())) > 100, out
