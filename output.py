@@ -8,10 +8,12 @@ line, the engine, the check reports) builds its lines with these helpers, so the
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from .errors import printable
 
@@ -69,6 +71,8 @@ def mib(n_bytes: float) -> str:
 
 
 _said: set[str] = set()
+_waiting: list[tuple[str, bool]] = []  # (note, kept per folder) until the command's work begins
+_per_folder: set[str] = set()
 
 
 def note(text: str, file=None) -> None:
@@ -77,3 +81,50 @@ def note(text: str, file=None) -> None:
         return
     _said.add(text)
     say("tritonwarm: note: ", text, file=file or sys.stderr)
+
+
+def note_later(text: str, *, per_folder: bool = False) -> None:
+    """A note to say before the result, once the command's input is known good (``notes_now``):
+    never beside a one-line error. ``per_folder``: a note on what the cache folder's keys carry,
+    said once per folder (see ``notes_now``)."""
+    if text not in (t for t, _ in _waiting):
+        _waiting.append((text, per_folder))
+    if per_folder:
+        _per_folder.add(text)
+
+
+def notes_now(folder: Path | None = None) -> None:
+    """Say the waiting notes, once each. A per-folder note is left out where ``folder`` (a cache's
+    own state folder) records it as said: a chain of commands on one cache (the README's set-up line)
+    says it once, in the first command that warmed the folder (``remember_notes``)."""
+    for text, per_folder in _waiting:
+        if not (per_folder and folder is not None and _marker(folder, text).exists()):
+            note(text)
+    _waiting.clear()
+
+
+def remember_notes(folder: Path) -> None:
+    """Record the per-folder notes said in this command as said for ``folder`` (a command that wrote
+    there); best effort: a folder that cannot be written hears them again."""
+    for text in _said & _per_folder:
+        marker = _marker(folder, text)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(text + "\n")
+        except OSError:
+            pass
+
+
+def new_command() -> None:
+    """A command starts (``tritonwarm.cli.main``): no note said or waiting yet."""
+    _said.clear()
+    _waiting.clear()
+
+
+def drop_notes() -> None:
+    """Forget the waiting notes (the command failed: its one-line error stands alone)."""
+    _waiting.clear()
+
+
+def _marker(folder: Path, text: str) -> Path:
+    return Path(folder) / "notes" / hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -21,14 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .. import output
+
+    output.new_command()
     fp_fusion_note = _fp_fusion_warning_once(args)
+    if fp_fusion_note:  # said once the input is read (never beside a one-line error), before the result
+        output.note_later(fp_fusion_note, per_folder=True)
     from ..jit.progress import heartbeat
 
     try:
         with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):
             rc = args.func(args)
-        if fp_fusion_note:  # after the output, and never beside a one-line error
-            print(fp_fusion_note, file=sys.stderr)
+        output.notes_now()  # where a command did not say them before its result
         return rc
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
@@ -37,14 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:  # every error a user can cause ends here, as one line
+        output.drop_notes()
         if os.environ.get("TRITONWARM_DEBUG"):
             traceback.print_exc()
         print(f"tritonwarm: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 
-FP_FUSION_NOTE = ("tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until "
-                  "3.10) and warns; the value enters every key: set it identically when warming and serving")
+FP_FUSION_NOTE = ("TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until 3.10) and warns; "
+                  "the value enters every key: set it identically when warming and serving")
 
 
 def _fp_fusion_warning_once(args) -> str | None:

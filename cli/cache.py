@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from ..errors import printable
-from ..output import mib, width
+from ..output import mib, notes_now, width
 from .common import (
     SHIPPED_SPECS,
     UsageError,
@@ -168,6 +168,7 @@ def cmd_prune(args) -> int:
         raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
     cache_dir = read_cache_dir(args)
     target = target_name(args)
+    notes_now(cache_dir / "tritonwarm")
     planned = None
     if args.unplanned:
         names = [target] if target else [n for n in manifests(cache_dir) if n in TARGETS]

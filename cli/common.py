@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import printable
-from ..output import plural, say
+from ..output import notes_now, plural, say
 
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
@@ -102,8 +102,10 @@ def prepare(args):
     specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
     what = " and ".join([plural(len(specs), "spec")] * bool(specs) +
                         [f"the engine config {args.engine_config}"] * bool(args.engine_config))
+    cache_dir = cache_dir_of(args)
+    notes_now(Path(cache_dir) / "tritonwarm")  # the input is good: the notes, before any result
     set_phase(f"tracing {what} for {', '.join(t.name for t in targets)}")
-    return specs, targets, cache_dir_of(args)
+    return specs, targets, cache_dir
 
 
 def plan_with_engine(args, specs, target, **kwargs):

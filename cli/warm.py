@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import printable
-from ..output import EXAMPLES, examples, fold, plural, say
+from ..output import EXAMPLES, examples, fold, plural, remember_notes, say
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     SERVE_AT_HELP,
@@ -141,6 +141,7 @@ def cmd_warmup(args) -> int:
         print(f"cache: {cache_dir}")
         for line in problems:
             say("problem: ", line, file=sys.stderr)
+    remember_notes(Path(cache_dir) / "tritonwarm")  # its notes, said for the folder it warmed
     return 1 if problems else 0
 
 

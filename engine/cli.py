@@ -85,6 +85,10 @@ def cmd_engine_run(args) -> int:
         print(f"tritonwarm: {note}", file=sys.stderr)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
+    from ..jit.cache.layout import resolve_cache_dir
+    from ..output import notes_now
+
+    notes_now(resolve_cache_dir(args.cache_dir) / "tritonwarm")  # the input is good: the notes, before the result
     try:
         report = serve(config, requests, mode=args.mode, policy=args.jit_policy,
                        dry_run_target=args.target if args.dry_run else None, cache_dir=args.cache_dir,

@@ -368,3 +368,39 @@ def test_list_wraps_to_the_terminal(warmed_bundle, capsys, monkeypatch):
     monkeypatch.delenv("COLUMNS")
     rc, out, _ = run(capsys, "list", "--cache-dir", cache)  # a log: 200 columns
     assert all(len(line) <= 200 for line in out.splitlines()) and max(map(len, out.splitlines())) > 100, out
+
+
+# ----------------------------------------------------------------------------- notes
+
+
+def _merged(*argv) -> tuple[int, str]:
+    """``tritonwarm ARGV`` in this process, its stdout and stderr in the order they were written."""
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        rc = main([str(a) for a in argv])
+    return rc, buffer.getvalue()
+
+
+def test_a_note_comes_once_before_the_result_and_once_for_a_chain_of_commands_on_one_cache(tmp_path, monkeypatch):
+    """The README's set-up line chains warm-ups and an engine run on one cache: the FP-fusion note is said
+    by the first command that warms the folder, before its result, and not again by the rest."""
+    pytest.importorskip("triton._utils").__dict__.get("FP_FUSION_DEFAULT_WARNING") or pytest.skip(
+        "this Triton does not warn of its FP fusion default")
+    monkeypatch.delenv("TRITON_DEFAULT_FP_FUSION")
+    spec, cache = write_spec(tmp_path, ONE_VARIANT), tmp_path / "cache"
+    note = "tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset"
+    rc, text = _merged("check", spec, "--target", "sm90", "--cache-dir", cache)
+    assert rc == 1 and text.count(note) == 1 and text.index(note) < text.index("sm90: PROBLEMS"), text
+    rc, text = _merged("warmup", spec, "--target", "sm90", "--cache-dir", cache, "-j", "1")
+    assert rc == 0 and text.count(note) == 1 and text.index(note) < text.index("sm90: 1 variant planned"), text
+    for argv in (["warmup", spec], ["check", spec], ["engine", "run", "--config", "tiny", "--mode", "reference",
+                                                      "--requests", "1", "--max-tokens", "1"]):
+        rc, text = _merged(*argv, "--cache-dir", cache, *(["--target", "sm90"] if argv[0] != "engine" else []))
+        assert rc == 0 and note not in text, (argv, text)
+    rc, text = _merged("check", spec, "--target", "sm90", "--cache-dir", tmp_path / "another")
+    assert text.count(note) == 1  # another folder: said again
+    rc, text = _merged("check", tmp_path / "no-such.yaml", "--target", "sm90", "--cache-dir", tmp_path / "another")
+    assert rc == 2 and note not in text  # never beside a one-line error
