@@ -404,3 +404,51 @@ def test_a_note_comes_once_before_the_result_and_once_for_a_chain_of_commands_on
     assert text.count(note) == 1  # another folder: said again
     rc, text = _merged("check", tmp_path / "no-such.yaml", "--target", "sm90", "--cache-dir", tmp_path / "another")
     assert rc == 2 and note not in text  # never beside a one-line error
+
+
+def test_an_installed_variant_lists_its_arguments_in_the_kernels_signature_order(warmed_bundle, tmp_path, capsys):
+    import json
+
+    from tritonwarm.launchers.rms_norm import rms_norm_jit
+
+    _, cache, bundle = warmed_bundle
+    assert main(["bundle", "install", str(bundle), "--cache-dir", str(tmp_path / "served")]) == 0
+    capsys.readouterr()
+    orders = []
+    for folder in (cache, tmp_path / "served"):
+        assert main(["list", "--cache-dir", str(folder), "--json"]) == 0
+        [row] = json.loads(capsys.readouterr().out)
+        orders.append(list(row["args"]))
+    signature = list(rms_norm_jit.jit_function.arg_names)
+    assert orders[0] == orders[1] == [name for name in signature if name in orders[0]], orders
+    assert orders[0] != sorted(orders[0])
+
+
+# ----------------------------------------------------------------------------- progress in logs
+
+
+def test_progress_lines_in_a_log_say_how_many_are_done(warmed_bundle, capsys, monkeypatch):
+    import re
+
+    spec, cache, _ = warmed_bundle
+    monkeypatch.setenv("TRITONWARM_PROGRESS_SECONDS", "0.005")
+    capsys.readouterr()
+    assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "-j", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "tritonwarm warmup: tracing 1 spec for sm90 (" in err, err
+    assert re.search(r"tritonwarm warmup: warming sm90: [01]/1 variants \(\d+ s\)", err), err
+    assert main(["engine", "run", "--config", "tiny", "--mode", "reference", "--requests", "3", "--max-tokens", "2",
+                 "--cache-dir", str(cache)]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"tritonwarm engine run: serving: [0-3]/3 requests done, step \d+, \d+ tokens", err), err
+
+
+def test_tracing_an_engine_config_alone_reads_as_words(tmp_path, capsys, monkeypatch):
+    import tritonwarm.cli.common as common
+
+    phases = []
+    monkeypatch.setattr("tritonwarm.jit.progress.set_phase", phases.append)
+    args = main.__globals__["_parser"]().parse_args(["check", "--engine-config", "tiny", "--target", "sm90",
+                                                     "--cache-dir", str(tmp_path)])
+    common.prepare(args)
+    assert phases == ["tracing the engine config tiny for sm90"]
