@@ -300,7 +300,7 @@ def summarise_rows(r) -> list[str]:
     for m in r.missing:
         causes.setdefault(m.get("cause") or "not warmed", []).append(m)
     for cause, rows in causes.items():
-        named = examples(short_kernel(m["kernel"]) for m in rows)
+        named = examples(sorted({short_kernel(m["kernel"]) for m in rows}))
         lines.append(f"missing: {len(rows)} ({cause}): {named}: {MISSING_ADVICE.get(cause, rows[0].get('why') or '')}"
                      .rstrip(": ") + " (--verbose lists each)")
     damaged = [m for m in r.corrupt if not m.get("why")]
