@@ -9,6 +9,7 @@ line, the engine, the check reports) builds its lines with these helpers, so the
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import sys
 import textwrap
@@ -63,6 +64,25 @@ def fold(items: Iterable, cause: Callable[[object], str]) -> dict[str, list]:
     for item in items:
         folded.setdefault(cause(item), []).append(item)
     return folded
+
+
+_ROW = re.compile(r"(?P<row>[^\s:]+#\d+ \([^()]*\)): (?P<rest>.+)", re.S)  # a spec row's label, then what happened
+
+
+def fold_rows(lines: Iterable[str]) -> list[str]:
+    """Lines that start with a spec row's label (``s.yaml#3 (n=16): ...``) and say the same after it,
+    as one line: ``12 rows (s.yaml#0 (n=1) and 11 more): ...``; every other line as it is."""
+    folded: dict[str, list[str]] = {}
+    for line in lines:
+        match = _ROW.fullmatch(line)
+        folded.setdefault(match.group("rest") if match else line, []).append(match.group("row") if match else "")
+    out = []
+    for rest, rows in folded.items():
+        if len(rows) == 1 or not rows[0]:
+            out += [f"{row}: {rest}" if row else rest for row in rows]
+        else:
+            out.append(f"{len(rows)} rows ({examples(rows, 1)}): {rest}")
+    return out
 
 
 def mib(n_bytes: float) -> str:

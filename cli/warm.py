@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import printable
-from ..output import EXAMPLES, examples, fold, plural, remember_notes, say
+from ..output import EXAMPLES, examples, fold, fold_rows, plural, remember_notes, say
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     SERVE_AT_HELP,
@@ -139,7 +139,7 @@ def cmd_warmup(args) -> int:
                           "pushed": [p.to_json() for p in pushes], "problems": problems}, indent=1))
     else:
         print(f"cache: {cache_dir}")
-        for line in problems:
+        for line in fold_rows(problems):
             say("problem: ", line, file=sys.stderr)
     remember_notes(Path(cache_dir) / "tritonwarm")  # its notes, said for the folder it warmed
     return 1 if problems else 0
@@ -201,7 +201,7 @@ def cmd_check(args) -> int:
                           "targets": [r.to_json() for r in reports]}, indent=1))
     else:
         say("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
-                   (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
+            (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
         if serve_at is None:  # this machine is not that server
             note_where_triton_reads(cache_dir)
         for r in reports:
@@ -254,7 +254,7 @@ def _print_check(r, verbose: bool) -> None:
     else:
         say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel: {examples(r.unreachable)} (--verbose "
                   "lists them)")
-    for line in r.errors + r.collapse_errors:
+    for line in r.errors + r.collapse_errors if verbose else fold_rows(r.errors + r.collapse_errors):
         say("  error: ", line)
     if verbose:
         for line in r.unknown_winners:

@@ -45,6 +45,10 @@ def test_fold_examples_plural_and_mib():
     assert output.examples(["k1", "k2", "k1", "k3", "k4", "k5"]) == "k1, k2, k3 and 2 more"
     assert output.plural(1, "row") == "1 row" and output.plural(2, "entry", "entries") == "2 entries"
     assert output.mib(3 * 2**20 + 2**19) == "3.50 MiB"
+    pinned = [f"s.yaml#{i} (n={i}): scale_rows: config index 9 out of range" for i in range(40)]
+    assert output.fold_rows([*pinned, "s.yaml: launcher: launched no kernel", "s.yaml#7 (n=7): other"]) == [
+        "40 rows (s.yaml#0 (n=0) and 39 more): scale_rows: config index 9 out of range",
+        "s.yaml: launcher: launched no kernel", "s.yaml#7 (n=7): other"]
 
 
 # ----------------------------------------------------------------------------- rows that fail
