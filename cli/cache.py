@@ -72,7 +72,7 @@ def cmd_list(args) -> int:
     if not rows:
         print(f"no warmed variants in {cache_dir}")
         return 0
-    table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL", "SHARED", "ARGS")]
+    table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL(B)", "SHARED(B)", "ARGS")]
     for r in rows:
         res = r.get("resources") or {}
         table.append(tuple(map(printable, (r["id"], r["target"], short_kernel(r["kernel"]), r["num_warps"],

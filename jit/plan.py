@@ -288,10 +288,13 @@ def _call(spec: Spec, values: dict):
         state.pinned = None
         state.errors.append(pin_error(state.row, e))
     launcher = spec.launcher.resolve() if isinstance(spec.launcher, LauncherImportedPerTarget) else spec.launcher
-    problem = arguments_problem(launcher, args, kwargs)
-    if problem:  # said with the launcher's parameters, not as the bare TypeError of the call
-        raise TypeError(problem)
-    return launcher(*args, **kwargs)
+    try:
+        return launcher(*args, **kwargs)
+    except TypeError as e:
+        problem = arguments_problem(launcher, args, kwargs)
+        if problem:  # the spec's arguments do not fit: said with the launcher's parameters
+            raise TypeError(problem) from e
+        raise
 
 
 

@@ -555,8 +555,8 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
 def arguments_problem(launcher, args, kwargs) -> str | None:
     """Why ``launcher(*args, **kwargs)`` cannot bind (a wrong argument name, a missing one), with the
     launcher's parameters; None when it binds or the launcher has no signature to read."""
-    try:
-        signature = inspect.signature(launcher)
+    try:  # as called: a decorator's own (*args, **kwargs) binds anything, never refused here
+        signature = inspect.signature(launcher, follow_wrapped=False)
     except (TypeError, ValueError):
         return None
     try:

@@ -366,6 +366,7 @@ def test_list_wraps_to_the_terminal(warmed_bundle, capsys, monkeypatch):
     rc, out, _ = run(capsys, "list", "--cache-dir", cache)
     assert rc == 0 and all(len(line) <= 100 for line in out.splitlines()), out
     assert "x_ptr:*bf16" in out  # the arguments are all there, on lines of their own
+    assert out.split()[5:8] == ["REGS", "SPILL(B)", "SHARED(B)"]  # bytes, as cuobjdump and Triton count them
     monkeypatch.setenv("COLUMNS", "80")
     rc, out, _ = run(capsys, "list", "--cache-dir", cache)
     assert all(len(line) <= 80 for line in out.splitlines()), out
