@@ -153,7 +153,8 @@ def _lines(text: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_check_of_the_shipped_specs_and_a_200_row_autotuned_spec_is_within_its_line_budget(tmp_path, capsys):
+def test_check_of_the_shipped_specs_and_a_200_row_autotuned_spec_is_within_its_line_budget(tmp_path, capsys,
+                                                                                          monkeypatch):
     from tritonwarm.cli import SHIPPED_SPECS
 
     autotuned = write_spec(tmp_path, AUTOTUNED_200_ROWS, "autotuned.yaml")
@@ -166,6 +167,12 @@ def test_check_of_the_shipped_specs_and_a_200_row_autotuned_spec_is_within_its_l
     assert "tritonwarm tune SPEC --target local" in winners[0]
     rc, verbose, _ = run(capsys, *argv, "--verbose")
     assert verbose.count("winner unknown:") == 200 and len(_lines(verbose)) > 200
+
+    import tritonwarm.cli.warm as warm_cli  # the same plan against a shared cache that lacks it all
+
+    monkeypatch.setattr(warm_cli, "_remote_store", lambda url: EmptyStore())
+    rc, out, _ = run(capsys, *argv[:-2], "--remote", EmptyStore.url)
+    assert rc == 1 and len(_lines(out)) <= LINE_BUDGET, out
 
 
 def _entry(cache, kernel: str, number: int) -> dict:
@@ -206,16 +213,18 @@ def test_check_trace_folds_misses_and_unused_variants_within_its_line_budget(tmp
     assert verbose.count("  unused  ") == 140 and verbose.count("  miss  ") == 200
 
 
+class EmptyStore:
+    """A shared cache that answers "missing" for every entry, as an empty Redis does (no Redis needed)."""
+
+    url = "redis://fleet:6379/0"
+
+    def inspect_entry(self, entry_dir, group_name):
+        return "missing", {}, None
+
+
 def test_check_remote_folds_missing_variants_within_its_line_budget(tmp_path, capsys, monkeypatch):
-    """A shared cache that lacks everything: one line per cause, not one per variant (no Redis needed:
-    the store answers "missing" for every entry, as an empty Redis does)."""
+    """A shared cache that lacks everything: one line per cause, not one per variant."""
     import tritonwarm.cli.warm as warm_cli
-
-    class EmptyStore:
-        url = "redis://fleet:6379/0"
-
-        def inspect_entry(self, entry_dir, group_name):
-            return "missing", {}, None
 
     monkeypatch.setattr(warm_cli, "_remote_store", lambda url: EmptyStore())
     path = write_spec(tmp_path, """\
