@@ -257,5 +257,9 @@ def test_warmup_stores_pinned_winners_and_check_reports_unknown_ones(capsys, tmp
         stored.unlink()
     capsys.readouterr()
     assert main(["check", *args]) == 1
+    out = capsys.readouterr().out  # one line for the kernel, naming its rows and the command that stores them
+    assert out.count("winner unknown:") == 1 and "scale_rows_kernel: 2 rows, first " in out and "n_cols=1000" in out
+    assert "`tritonwarm tune SPEC --target local`" in out
+    assert main(["check", *args, "--verbose"]) == 1
     out = capsys.readouterr().out
     assert out.count("winner unknown:") == 2 and "n_cols=1000" in out and "n_cols=4096" in out

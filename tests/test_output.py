@@ -449,7 +449,6 @@ def test_progress_lines_in_a_log_say_how_many_are_done(warmed_bundle, capsys, mo
     capsys.readouterr()
     assert main(["warmup", str(spec), "--target", "sm90", "--cache-dir", str(cache), "-j", "1"]) == 0
     err = capsys.readouterr().err
-    assert "tritonwarm warmup: tracing 1 spec for sm90 (" in err, err
     assert re.search(r"tritonwarm warmup: warming sm90: [01]/1 variants \(\d+ s\)", err), err
     assert main(["engine", "run", "--config", "tiny", "--mode", "reference", "--requests", "3", "--max-tokens", "2",
                  "--cache-dir", str(cache)]) == 0
