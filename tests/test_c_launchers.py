@@ -349,7 +349,7 @@ def test_driver_utilities_keyed_by_the_serving_machine_serve_a_read_only_cache(t
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
         assert f"cuda_utils   keyed by this machine's libcuda.so.1 in {driver}" in run_cli(
             "env", rc=0, env=env).stdout.replace("\n" + " " * 13, " ")
-        assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0,
+        assert "sm90: ok: 1 variant planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0,
                                                env=env).stdout
         shutil.rmtree(module.parent)  # removed under the mount: the fleet's volume without it
         out = " ".join(run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=1, env=env).stdout.split())
@@ -373,7 +373,7 @@ def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_de
     out = run_cli("bundle", "install", bundle, "--cache-dir", served, rc=0).stdout
     assert "C launchers: 1 needed: 1 built" in out, out
     assert len(list(served.glob(f"*/cuda_utils{EXT_SUFFIX}"))) == 1
-    assert "sm90: ok: 1 planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
+    assert "sm90: ok: 1 variant planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
 
 
 HIP_RUNTIME_STUB = """
@@ -409,7 +409,7 @@ def test_hip_modules_keyed_by_the_runtime_path_serve_a_read_only_cache(tmp_path,
         started = subprocess.run(driver_start("hip") + ["--no-build"], capture_output=True, text=True,
                                  env={**os.environ, "TRITON_CACHE_DIR": str(served)})
         assert started.returncode == 0 and "driver started" in started.stdout, started.stderr
-        assert "gfx942: ok: 1 planned" in run_cli("check", spec, "--target", "gfx942", "--cache-dir", served,
+        assert "gfx942: ok: 1 variant planned" in run_cli("check", spec, "--target", "gfx942", "--cache-dir", served,
                                                  rc=0).stdout
         shutil.rmtree(utilities.parent)
         out = " ".join(run_cli("check", spec, "--target", "gfx942", "--cache-dir", served, rc=1).stdout.split())
