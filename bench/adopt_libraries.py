@@ -102,7 +102,7 @@ def judge(lib: str, target_name: str, server_plan: str) -> list[list[str]]:
 
     from tritonwarm.jit import TARGETS as ALL
     from tritonwarm.jit.adopt.record import read_record, recording, write_plan
-    from tritonwarm.jit.trace import Capture, tracing
+    from tritonwarm.jit.core.trace import Capture, tracing
 
     cap = Capture()
     record = f"{server_plan}.jsonl"

@@ -37,7 +37,7 @@ def workload(config, requests: int, seed: int):
 def dry_run_start(config, target, requests, cache_dir: Path, plan) -> dict:
     """Engine start + first batch as a dry run, then the compiles a real first batch would wait for."""
     from tritonwarm.engine.runner import serve
-    from tritonwarm.jit.compile import compile_variant
+    from tritonwarm.jit.pipeline.compile import compile_variant
 
     t0 = time.perf_counter()
     report = serve(config, requests, policy="off", dry_run_target=target.name, cache_dir=cache_dir)
@@ -89,7 +89,7 @@ def main() -> None:
     from tritonwarm.engine.config import load_engine_config
     from tritonwarm.engine.plan import engine_plan
     from tritonwarm.jit import resolve_target
-    from tritonwarm.jit.warmup import warm
+    from tritonwarm.jit.pipeline.warmup import warm
 
     config = load_engine_config(args.config)
     on_gpu = torch.cuda.is_available() and not args.dry_run

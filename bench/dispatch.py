@@ -38,9 +38,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import save_json, table  # noqa: E402
 from _dispatch_kernels import args5_kernel, args20_kernel  # noqa: E402
 from tritonwarm.jit import TARGETS, JitKernel, Launch  # noqa: E402
-from tritonwarm.jit import kernel as kernel_module  # noqa: E402
-from tritonwarm.jit.compile import triton_cache_dir  # noqa: E402
-from tritonwarm.jit.targets import target_driver  # noqa: E402
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir  # noqa: E402
+from tritonwarm.jit.core import kernel as kernel_module  # noqa: E402
+from tritonwarm.jit.core.targets import target_driver  # noqa: E402
 
 CHECKED = ("launchers.rms_norm", "torch.ops.tritonwarm.rms_norm", "same op via torch.library.custom_op")
 HIDDEN, INTER = 2048, 1408  # one decode token of DeepSeek-V2-Lite: hidden size, expert intermediate size

@@ -56,7 +56,7 @@ def main() -> None:
     args = p.parse_args()
 
     import triton
-    from tritonwarm.jit.c_launchers import machine_utilities_call, utilities_keyed_by_source, write_stub_libcuda
+    from tritonwarm.jit.serving.c_launchers import machine_utilities_call, utilities_keyed_by_source, write_stub_libcuda
 
     with tempfile.TemporaryDirectory() as tmp:
         driver, warmed = Path(tmp, "driver"), Path(tmp, "warmed")

@@ -4,12 +4,18 @@ table's entry against a few candidates, bf16, MXFP4 and NVFP4 weights, beside th
 the weight-bytes roofline (each routed expert's weights read once), with a device copy's bandwidth
 measured in the same run.
 
-    python bench/fused_moe_tiles.py [--json PATH] [--tokens 1 16 64 256 1024 4096] [--emit-table PATH]
+    python bench/fused_moe_tiles.py [--json PATH] [--tokens 1 16 64 256 1024 4096] [--sweep small|full]
+                                    [--emit-tables DIR]
 
-The fastest correct config per M is printed in vLLM's ``fused_moe`` config format (and written to
-``--emit-table`` for bf16), ready to be saved as a per-target table
-(``launchers/fused_moe_configs/<target>.json``). A config is timed as the whole op (alignment, both
-GEMMs, the top-k sum) replayed from a CUDA graph, so that small M measures the GPU, not the host;
+The fastest correct config per M and weight format is printed in vLLM's ``fused_moe`` config format
+(and with ``--emit-tables DIR`` written as ``<target>.json``, ``<target>_mxfp4.json`` and
+``<target>_nvfp4.json``), ready to be saved as the target's tables in ``launchers/fused_moe_configs/``.
+The last table has one row per M and format: the fastest config's µs, its share of copy bandwidth
+on the bytes it must read (each routed expert's weights once, plus activations), TFLOP/s, and its
+time over bf16's fastest measured in the same run. ``--sweep small`` (the default, about two minutes
+on an H200 with compiles) tries the table's entry and one or two candidates per M; ``full`` all.
+A config is timed as the whole op (alignment, both GEMMs, the top-k sum) replayed from a CUDA graph,
+so that small M measures the GPU, not the host;
 the shipped entry is also timed as an eager call (host included) for comparison. Every variant's
 output is checked once against the PyTorch reference; a wrong one is reported WRONG, not timed.
 
@@ -61,16 +67,28 @@ def candidates() -> dict[str, object]:
         "128x128x64 g16 w8 s3": _cfg(128, 128, 64, 16, 8, 3),
         "128x128x64 g16 w8 s4": _cfg(128, 128, 64, 16, 8, 4),
         "64x256x64 g32 w8 s3": _cfg(64, 256, 64, 32, 8, 3),
+        "16x128x256 w4 s2": _cfg(16, 128, 256, 1, 4, 2),
+        "32x128x128 g8 w4 s3": _cfg(32, 128, 128, 8, 4, 3),
+        "128x256x64 g16 w8 s3": _cfg(128, 256, 64, 16, 8, 3),
     }
 
 
-PER_M = {  # candidate names tried at each M, beside the shipped table's entry
+PER_M = {  # candidate names tried at each M with --sweep full, beside the shipped table's entry
     1: ["16x64x128 w4 s4", "16x128x128 w4 s3", "16x64x256 w4 s3"],
     16: ["16x64x128 w4 s4", "16x128x128 w4 s3", "16x64x256 w4 s3"],
-    64: ["16x64x128 w4 s4", "16x128x128 w4 s3"],
-    256: ["16x128x128 w4 s3", "32x64x128 g8 w4 s4", "64x128x64 g16 w4 s3"],
+    64: ["16x64x128 w4 s4", "16x128x128 w4 s3", "16x128x256 w4 s2"],
+    256: ["16x128x128 w4 s3", "32x64x128 g8 w4 s4", "32x128x128 g8 w4 s3", "64x128x64 g16 w4 s3"],
     1024: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "128x128x64 g16 w8 s4", "64x256x64 g32 w8 s3"],
-    4096: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "128x128x64 g16 w8 s4", "64x256x64 g32 w8 s3"],
+    4096: ["64x128x64 g16 w4 s4", "128x128x64 g16 w8 s3", "128x128x64 g16 w8 s4", "64x256x64 g32 w8 s3",
+           "128x256x64 g16 w8 s3"],
+}
+SMALL_SWEEP = {  # the default sweep: the candidates the SASS counts and the last H200 run point at
+    1: ["16x64x128 w4 s4"],
+    16: ["16x64x128 w4 s4", "16x128x128 w4 s3"],
+    64: ["16x64x128 w4 s4", "16x128x256 w4 s2"],
+    256: ["32x128x128 g8 w4 s3", "64x128x64 g16 w4 s3"],
+    1024: ["128x128x64 g16 w8 s4", "64x128x64 g16 w4 s4"],
+    4096: ["128x128x64 g16 w8 s4", "128x256x64 g16 w8 s3"],
 }
 
 
@@ -79,18 +97,19 @@ def vllm_entry(config) -> dict:
             "GROUP_SIZE_M": config.group_m, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def variants(tokens) -> list[tuple[int, str, object]]:
-    """(M, name, config) for every M: the entry of the table this target's runtime uses first ("table"),
-    default.json's where that differs, then the candidates (each config once per M)."""
+def variants(tokens, fmt: str = "bf16", sweep: str = "full") -> list[tuple[int, str, object]]:
+    """(M, name, config) for every M: the entry of the table this target's runtime uses for ``fmt``
+    first ("table"), default.json's where that differs, then the candidates (each config once per M)."""
     from tritonwarm.launchers.fused_moe import active_tile_table, load_tile_table
 
-    shipped, default = active_tile_table(), load_tile_table()
+    shipped, default = active_tile_table(fmt), load_tile_table()
     pool = candidates()
+    per_m = SMALL_SWEEP if sweep == "small" else PER_M
     out = []
     for m in tokens:
         seen = set()
         named = [("table", shipped.select(m)), ("default.json", default.select(m))]
-        named += [(name, pool[name]) for name in PER_M.get(m, PER_M[min(PER_M, key=lambda k: abs(k - m))])]
+        named += [(name, pool[name]) for name in per_m.get(m, per_m[min(per_m, key=lambda k: abs(k - m))])]
         for name, config in named:
             if config not in seen:
                 seen.add(config)
@@ -219,13 +238,13 @@ def precompile(work: list[tuple[str, object]], jobs: int) -> float:
 
 # ----------------------------------------------------------------------------- runs
 
-def run_cpu() -> None:
+def run_cpu(sweep: str = "small") -> None:
     """Every variant once at a tiny size in the interpreter, checked against the reference."""
     experts, hidden, inter, top_k = 8, 64, 32, 2
     w_gu, w_dn = make_weights("cpu", experts, hidden, inter)
     layers = [Layer(fmt, w_gu, w_dn, "cpu") for fmt in FORMATS]
     checked, wrong = 0, []
-    for m, name, config in variants(TOKENS):
+    for m, name, config in variants(TOKENS, sweep=sweep):
         h, tw, ids = make_tokens(min(m, 5), "cpu", experts, hidden, top_k, m)
         for layer in layers:
             try:
@@ -269,9 +288,9 @@ def _bench_eager(fn) -> float:
 def run_gpu(args) -> dict:
     dev = "cuda"
     started = time.perf_counter()
-    work = variants(args.tokens)
     formats = args.formats
-    compile_s = precompile([(fmt, c) for _, _, c in work for fmt in formats], args.jobs)
+    work = {fmt: variants(args.tokens, fmt, args.sweep) for fmt in formats}
+    compile_s = precompile([(fmt, c) for fmt in formats for _, _, c in work[fmt]], args.jobs)
 
     big = torch.empty(1 << 28, device=dev, dtype=torch.uint8)
     copy_ms = _bench_eager(big.clone)
@@ -298,7 +317,7 @@ def run_gpu(args) -> dict:
             want = layer.reference(h, tw, ids)
             roof_bytes = experts_hit * layer.nbytes_per_expert + 2 * h.nbytes
             flops = 2 * m * TOP_K * 3 * INTER * HIDDEN  # gate/up (2I x H) and down (H x I) per slot
-            for vm, name, config in work:
+            for vm, name, config in work[fmt]:
                 if vm != m:
                     continue
                 if time.perf_counter() - started > args.budget_s:
@@ -336,8 +355,12 @@ def run_gpu(args) -> dict:
                              f"{loop_ms / win['graph_ms']:.1f}x" if loop_ms else "-",
                              f"{win['gbs']:.0f}", f"{win['of_copy']:.0%}", f"{win['tflops']:.0f}"])
     rows.sort(key=lambda row: (row[0], formats.index(row[1])))
+    fastest = {(r[0], r[1]): float(r[6]) for r in rows}
+    for row in rows:  # time over bf16's fastest at the same M, measured in this run
+        base = fastest.get((row[0], "bf16"))
+        row.append(f"{float(row[6]) / base:.2f}x" if base else "-")
     from triton.runtime import driver
-    from tritonwarm.jit.targets import target_from_gpu_target
+    from tritonwarm.jit.core.targets import target_from_gpu_target
     from tritonwarm.launchers.fused_moe import target_table_path
 
     target = target_from_gpu_target(driver.active.get_current_target()).name
@@ -353,26 +376,33 @@ def main() -> None:
     p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
-    p.add_argument("--budget-s", type=float, default=52.0, help="stop starting new variants after this")
-    p.add_argument("--emit-table", help="write the fastest bf16 config per M here (vLLM's JSON format)")
+    p.add_argument("--budget-s", type=float, default=100.0, help="stop starting new variants after this many seconds")
+    p.add_argument("--sweep", choices=("small", "full"), default="small",
+                   help="candidates per M: small (about 2 min on an H200 with compiles) or full")
+    p.add_argument("--emit-tables", metavar="DIR",
+                   help="write the fastest config per M of each format here as the target's tables")
     args = p.parse_args()
     if not torch.cuda.is_available():
-        run_cpu()
+        run_cpu(args.sweep)
         return
     data = run_gpu(args)
     save_json(args.json, data)
     for fmt, best in data["best_tables"].items():
         print(f"\nfastest config per M, {fmt} weights (vLLM fused_moe format):")
         print(json.dumps(best, indent=1))
-    if args.emit_table and data["best_tables"].get("bf16"):
-        with open(args.emit_table, "w") as f:
-            json.dump(data["best_tables"]["bf16"], f, indent=1)
+    if args.emit_tables:
+        os.makedirs(args.emit_tables, exist_ok=True)
+        for fmt, best in data["best_tables"].items():
+            if best:
+                name = data["target"] + ("" if fmt == "bf16" else f"_{fmt}")
+                with open(os.path.join(args.emit_tables, f"{name}.json"), "w") as f:
+                    json.dump(best, f, indent=1)
     table(f"Fused MoE tiles on {data['device']} ({data['target']}, table {data['table_file']}; 64 experts, "
           f"2048/1408, top-6; device copy {data['copy_gbs']:.0f} GB/s; {data['total_s']:.0f} s, "
           f"{data['precompile_s']:.0f} s of it compiling)",
           ["M", "weights", "experts hit", "table µs (graph)", "table µs (eager)", "fastest", "µs",
-           "eager loop µs", "loop / fastest", "GB/s (weights once)", "of copy", "TFLOP/s"],
-          data["rows"], "python bench/fused_moe_tiles.py --json moe.json")
+           "eager loop µs", "loop / fastest", "GB/s (weights once)", "of copy", "TFLOP/s", "vs bf16"],
+          data["rows"], f"python bench/fused_moe_tiles.py --sweep {args.sweep} --json moe.json")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 #
 #     [BUDGET_S=780] bash bench/gpu_all.sh OUTDIR [STEP ...]
 #
-# Steps (default: all, in this order): env attention kvformats align fp4 dispatch kernels warm engine
-# throughput moe. The kernel benchmarks come first: they compile what they time before timing it,
+# Steps (default: all, in this order): env attention kvformats align fp4 dispatch kernels warm hostfloor
+# engine throughput moe. The kernel benchmarks come first: they compile what they time before timing it,
 # and they are what a short loan of a GPU is for. The warm step fills the cache (every shipped spec
 # and both engine configs) before the engine steps, which then serve with --jit-policy error. A
 # failing step prints its exit status and the run goes on. With BUDGET_S, the whole run stays
@@ -18,7 +18,7 @@ mkdir -p "$out"
 bench=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python3}
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(env attention kvformats align fp4 dispatch kernels warm engine throughput moe)
+[ ${#steps[@]} -eq 0 ] && steps=(env attention kvformats align fp4 dispatch kernels warm hostfloor engine throughput moe)
 export PYTHONUNBUFFERED=1
 
 run() {  # run NAME LIMIT_S CMD...: log to OUTDIR/NAME.log, print its tail and status
@@ -55,14 +55,19 @@ $py -m tritonwarm env --json -o '$out/env.json'" ;;
         run kernels 240 $py "$bench/kernels.py" --json "$out/kernels.json" ${KERNELS_FLAGS:-} ;;
     attention)
         run attention 120 $py "$bench/attention_tiles.py" --json "$out/attention.json" ;;
-    kvformats)  # MLA decode and cache write per KV cache format (bf16, fp8_ds_mla, nvfp4_ds_mla)
-        run kvformats 150 $py "$bench/kv_formats.py" --json "$out/kv_formats.json" ;;
+    kvformats)  # MLA decode and cache write per KV cache format, then the quantized decode's tile table
+        run kvformats 240 $py "$bench/kv_formats.py" --tiles "${KVFORMATS_TILES:-3}" \
+            --budget "${KVFORMATS_BUDGET:-90}" --json "$out/kv_formats.json" ;;
+    hostfloor)  # each launcher at batch 1 without metadata: host cost over its kernels' time (after warm:
+        # its kernels come from the cache)
+        run hostfloor 120 $py "$bench/host_floor.py" --json "$out/host_floor.json" ;;
     fp4)
         run fp4 90 $py "$bench/fp4_variants.py" --json "$out/fp4.json" ;;
     align)
         run align 90 $py "$bench/moe_align_variants.py" --json "$out/align.json" ;;
     moe)
-        run moe 120 $py "$bench/fused_moe_tiles.py" --json "$out/moe.json" ;;
+        run moe 150 $py "$bench/fused_moe_tiles.py" --sweep "${MOE_SWEEP:-small}" --json "$out/moe.json" \
+            --emit-tables "$out/moe_tables" ;;
     dispatch)
         run dispatch 120 $py "$bench/dispatch.py" --gpu --calls 5000 --repeat 3 --json "$out/dispatch.json" ;;
     engine)

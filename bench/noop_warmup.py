@@ -22,10 +22,10 @@ from _common import table, tritonwarm  # noqa: E402
 
 def in_process(cache: Path, targets: str, replan: bool) -> tuple[float, int]:
     from tritonwarm.cli import SHIPPED_SPECS
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
-    from tritonwarm.jit.targets import resolve_targets
-    from tritonwarm.jit.warmup import warm
+    from tritonwarm.jit.core.targets import resolve_targets
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
+    from tritonwarm.jit.pipeline.warmup import warm
 
     start = time.perf_counter()
     variants = 0

@@ -54,7 +54,7 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
 
 
 def lookup_ms(variant, target, cache_dir: Path) -> float:
-    from tritonwarm.jit.compile import compile_variant
+    from tritonwarm.jit.pipeline.compile import compile_variant
 
     start = time.perf_counter()
     compile_variant(variant, target, cache_dir)
@@ -76,15 +76,15 @@ def main() -> None:
 
     from tritonwarm.jit.cache import entry_files
     from tritonwarm.jit.cache.remote import RedisStore, push
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
-    from tritonwarm.jit.targets import resolve_target
+    from tritonwarm.jit.core.targets import resolve_target
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     target = resolve_target(args.target)
     root = Path(tempfile.mkdtemp(prefix="tritonwarm-bench-remote-"))
     proc, url = start_redis(root)
     try:
-        from tritonwarm.jit.warmup import warm
+        from tritonwarm.jit.pipeline.warmup import warm
 
         the_plan = plan(load_specs(args.specs), target)
         local = root / "local"

@@ -41,8 +41,8 @@ class _AddressOnlyPointer:
 
 @contextlib.contextmanager
 def _address_only_fakes():
-    from tritonwarm.jit import kernel
-    from tritonwarm.jit.specialization import pointer_address
+    from tritonwarm.jit.core import kernel
+    from tritonwarm.jit.core.specialization import pointer_address
 
     original = kernel.as_kernel_arg
 
@@ -58,8 +58,8 @@ def _address_only_fakes():
 
 
 def _keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
-    from tritonwarm.jit.kernel import fake_launches
-    from tritonwarm.jit.trace import Capture
+    from tritonwarm.jit.core.kernel import fake_launches
+    from tritonwarm.jit.core.trace import Capture
 
     cap = Capture()
     with fake_launches(cap, target):
@@ -69,7 +69,7 @@ def _keys(spec, target, args, kwargs) -> set[tuple[str, str]]:
 
 def key_agreement(specs, target, baseline: bool) -> tuple[int, int, int]:
     """(rows, runtime keys, runtime keys warm-up also traced) over every shipped spec row."""
-    from tritonwarm.jit.specialization import cpu_twin
+    from tritonwarm.jit.core.specialization import cpu_twin
 
     runtime, warmed, rows = set(), set(), 0
     with _address_only_fakes() if baseline else contextlib.nullcontext():
@@ -86,8 +86,9 @@ def key_agreement(specs, target, baseline: bool) -> tuple[int, int, int]:
 
 def launcher_coverage(specs, target, jobs: int) -> tuple[int, int, int, int, str]:
     """(variants, C modules needed, in the cache before building them, after, what warm-up said)."""
-    from tritonwarm.jit import c_launchers, warmup
-    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.pipeline import warmup
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.serving import c_launchers
 
     if not c_launchers.builds_c_modules(target.backend):
         return 0, 0, 0, 0, "this Triton builds no C launcher per signature"
@@ -122,8 +123,8 @@ def main() -> None:
 
     import triton
     from tritonwarm.cli import SHIPPED_SPECS
-    from tritonwarm.jit.specs import load_specs
-    from tritonwarm.jit.targets import resolve_targets
+    from tritonwarm.jit.core.targets import resolve_targets
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     specs = load_specs([SHIPPED_SPECS])
     rows = []

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     fp_fusion_note = _fp_fusion_warning_once(args)
     if fp_fusion_note:  # said once the input is read (never beside a one-line error), before the result
         output.note_later(fp_fusion_note, per_folder=True)
-    from ..jit.progress import heartbeat
+    from ..jit.pipeline.progress import heartbeat
 
     try:
         with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):

@@ -42,7 +42,7 @@ def shard_of(args):
         if getattr(args, "shard_times", None):
             raise ValueError("--shard-times needs --shard")
         return None
-    from ..jit.shard import parse_shard, recorded_seconds
+    from ..jit.pipeline.shard import parse_shard, recorded_seconds
 
     index, count = parse_shard(args.shard)
     return index, count, recorded_seconds(args.shard_times) if args.shard_times else None
@@ -52,7 +52,7 @@ def sharded(shard, the_plan):
     """``the_plan``, or the part of it that ``shard`` (from ``shard_of``) names."""
     if shard is None:
         return the_plan
-    from ..jit.shard import shard_plan
+    from ..jit.pipeline.shard import shard_plan
 
     return shard_plan(the_plan, *shard)
 
@@ -252,12 +252,12 @@ def _build_c_launchers(cache_dir, targets) -> dict:
     would otherwise wait for gcc. So with the driver utilities keyed by this machine's libcuda.so.1
     (3.8+): the first launch would build them, and fail on a read-only cache. Only entries this runtime
     reads are used, so nothing compiles."""
-    from ..jit.c_launchers import warm_c_launchers, warms_c_modules
     from ..jit.cache import Manifest, entry_files
     from ..jit.cache.env import current_fingerprint, same_environment
     from ..jit.cache.manifest import entry_fingerprint
-    from ..jit.targets import TARGETS
-    from ..jit.trace import Variant
+    from ..jit.core.targets import TARGETS
+    from ..jit.core.trace import Variant
+    from ..jit.serving.c_launchers import warm_c_launchers, warms_c_modules
 
     runtime, reports = current_fingerprint(), {}
     for name in targets:

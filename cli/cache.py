@@ -22,7 +22,7 @@ from .common import (
 )
 from .env import add_for_args, keyed_for
 
-IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")  # jit.inspection.IR_KINDS (tested equal)
+IR_KINDS = ("ttir", "ttgir", "llir", "ptx", "sass", "amdgcn")  # jit.pipeline.inspection.IR_KINDS (tested equal)
 
 
 def add_parsers(sub) -> None:
@@ -62,7 +62,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_list(args) -> int:
-    from ..jit.inspection import list_variants
+    from ..jit.pipeline.inspection import list_variants
 
     cache_dir = read_cache_dir(args)
     rows = list_variants(cache_dir, target=target_name(args), kernel=args.kernel)
@@ -81,8 +81,8 @@ def cmd_list(args) -> int:
     for line in _table_lines(table, width()):
         print(line)
     if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
-        print("-: REGS and SPILL are read from NVIDIA cubins with the cuobjdump Triton ships; "
-              "Triton ships no such tool for AMD hsaco, so AMD targets show none")
+        print("-: REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
+              "`tritonwarm warmup` again reads them from the hsaco")
     return 0
 
 
@@ -112,7 +112,7 @@ def _table_lines(table: list[tuple[str, ...]], columns: int) -> list[str]:
 
 
 def cmd_show(args) -> int:
-    from ..jit.inspection import find_variant, variant_ir
+    from ..jit.pipeline.inspection import find_variant, variant_ir
 
     cache_dir = read_cache_dir(args)
     entry = find_variant(cache_dir, args.variant)
@@ -162,7 +162,7 @@ def cmd_du(args) -> int:
 def cmd_prune(args) -> int:
     from ..jit.cache import manifests
     from ..jit.cache.prune import prune_candidates, remove, used_hashes
-    from ..jit.targets import TARGETS
+    from ..jit.core.targets import TARGETS
 
     if not (args.unplanned or args.unused or args.other_environments):
         raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
@@ -194,8 +194,8 @@ def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
     config the cache was warmed from and every entry installed from a bundle (the shipped specs when it
     recorded none)."""
     from ..jit.cache.sources import PlanSources
-    from ..jit.plan import plan
-    from ..jit.specs import load_specs
+    from ..jit.pipeline.plan import plan
+    from ..jit.pipeline.specs import load_specs
 
     if explicit_specs:
         return set(plan(load_specs(explicit_specs), target, verify_collapse=False).variants)
@@ -217,8 +217,8 @@ def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
 
 
 def cmd_targets(args) -> int:
-    from ..jit.gpu_names import gpus_of
-    from ..jit.targets import TARGETS, local_target
+    from ..jit.core.gpu_names import gpus_of
+    from ..jit.core.targets import TARGETS, local_target
 
     local = local_target()
     rows = [{"name": t.name, "backend": t.backend, "arch": t.arch, "warp_size": t.warp_size, "gpus": gpus_of(t.name),

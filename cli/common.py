@@ -69,7 +69,7 @@ def serve_at_arg(path: str | None, cache_dir) -> Path | None:
 def target_name(args) -> str | None:
     """``--target`` as Triton's target name, None when not given; an unknown one is refused, not
     matched against nothing."""
-    from ..jit.targets import resolve_target
+    from ..jit.core.targets import resolve_target
 
     return resolve_target(args.target).name if args.target else None
 
@@ -88,9 +88,9 @@ def add_spec_args(p):
 
 
 def prepare(args):
-    from ..jit.progress import set_phase
-    from ..jit.specs import load_specs
-    from ..jit.targets import resolve_targets
+    from ..jit.core.targets import resolve_targets
+    from ..jit.pipeline.progress import set_phase
+    from ..jit.pipeline.specs import load_specs
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise UsageError("TRITON_INTERPRET=1 is set: nothing compiles under the interpreter; unset it to warm up")
@@ -118,7 +118,7 @@ def plan_all(args, specs, targets, pool=None, **kwargs):
     ``pool``'s workers when one is given (the engine's traces start first: they are the longest).
     With ``cache_dir`` the engine's plan, like each spec's, comes from the plan store when its
     inputs did not change."""
-    from ..jit.plan import Plan, kernel_source_keys, plan_targets, storable, stored_plan
+    from ..jit.pipeline.plan import Plan, kernel_source_keys, plan_targets, storable, stored_plan
 
     engine_parts = {}
     if args.engine_config:
@@ -160,7 +160,7 @@ def note_where_triton_reads(cache_dir) -> None:
     overlay). Nothing when keyed for another environment (``--for``): this machine is not the server."""
     from ..jit.cache.env import keyed_for_another
     from ..jit.cache.overlay import misses_fail_here
-    from ..jit.compile import triton_reads_instead
+    from ..jit.cache.triton_dir import triton_reads_instead
 
     if keyed_for_another():
         return
@@ -202,7 +202,7 @@ class progress_bar:
     done (``warming sm90: 12/86 variants``); --json output stays clean."""
 
     def __init__(self, total: int, desc: str, quiet: bool):
-        from ..jit.progress import paused, set_phase
+        from ..jit.pipeline.progress import paused, set_phase
 
         self.bar, self.paused = None, contextlib.nullcontext()
         self.desc, self.total, self.done = desc, total, 0
@@ -216,7 +216,7 @@ class progress_bar:
 
     def __enter__(self):
         def tick(variant, outcome):
-            from ..jit.progress import set_phase
+            from ..jit.pipeline.progress import set_phase
 
             self.done += 1
             set_phase(f"{self.desc}: {self.done}/{self.total} variants")

@@ -54,7 +54,7 @@ def keyed_for(command):
         if not (getattr(args, "for_env", None) or getattr(args, "for_wheel", None)):
             return command(args)
         from ..jit.cache.env import python_name
-        from ..jit.targets import UnknownTargetError, resolve_targets
+        from ..jit.core.targets import UnknownTargetError, resolve_targets
 
         try:  # the targets whose backends must agree; none named (prune) and no GPU: none checked
             targets = resolve_targets(args.target)
@@ -119,7 +119,7 @@ def cache_lines() -> list[str]:
 
 def gpu_line() -> str:
     """The target a cache for this machine's GPU is warmed for (what ``--target local`` means here)."""
-    from ..jit.targets import local_target
+    from ..jit.core.targets import local_target
 
     target = local_target()
     if target is None:
@@ -174,7 +174,7 @@ def _cuda_utilities() -> list[str]:
 
     import triton
 
-    from ..jit.c_launchers import machine_utilities_call, utilities_keyed_by_source
+    from ..jit.serving.c_launchers import machine_utilities_call, utilities_keyed_by_source
 
     if utilities_keyed_by_source():
         return []
@@ -191,7 +191,7 @@ def _cuda_utilities() -> list[str]:
 
 def _hip_utilities() -> list[str]:
     """Only where a HIP runtime is found or named: a CUDA machine has nothing to say about it."""
-    from ..jit.c_launchers import hip_runtime_path
+    from ..jit.serving.c_launchers import hip_runtime_path
 
     path = hip_runtime_path()
     return [f"hip_utils    keyed by the HIP runtime {path}: warmup here builds it (and Triton 3.6's launchers)"] \

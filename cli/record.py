@@ -50,8 +50,8 @@ def add_parsers(sub) -> None:
 
 def cmd_record(args) -> int:
     from ..jit.adopt.record import OUT_ENV, TARGET_ENV, TRACE_ENV, USER_PATH_ENV, read_record, write_plan
-    from ..jit.dispatch_record import write_record
-    from ..jit.targets import local_target
+    from ..jit.core.dispatch_record import write_record
+    from ..jit.core.targets import local_target
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

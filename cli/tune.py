@@ -24,7 +24,7 @@ def cmd_tune(args) -> int:
     from ..jit.adopt.winners import pin_winners, tune_winners
     from ..jit.cache import check_cache_dir, refuse_if_served_elsewhere
     from ..jit.cache.overlay import refuse_if_overlaid
-    from ..jit.targets import local_target
+    from ..jit.core.targets import local_target
 
     measure = args.target in (None, "local")
     if measure and local_target() is None:

@@ -75,8 +75,8 @@ def cmd_warmup(args) -> int:
     from ..jit.cache.env import cache_manager_problem
     from ..jit.cache.marks import warmup_mark
     from ..jit.cache.overlay import refuse_if_overlaid
-    from ..jit.pool import worker_pool
-    from ..jit.warmup import warm
+    from ..jit.pipeline.pool import worker_pool
+    from ..jit.pipeline.warmup import warm
 
     shard = shard_of(args)
     specs, targets, cache_dir = prepare(args)
@@ -127,6 +127,10 @@ def cmd_warmup(args) -> int:
                 f"in {result.seconds:.1f} s")
             if result.c_launchers:
                 print(f"{target.name}: {result.c_launchers['summary']}")
+            if result.pruned:
+                from ..jit.pipeline.resources import pruned_line
+
+                print(f"{target.name}: {pruned_line(target.name, result.pruned)}")
         if store is not None:
             pushes.append(_push(args, the_plan, cache_dir, store))
             problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
@@ -174,7 +178,7 @@ def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
 @keyed_for
 def cmd_check(args) -> int:
     from ..jit.cache import check_cache_dir
-    from ..jit.check import check
+    from ..jit.pipeline.check import check
 
     if args.serve_at and (args.trace or args.remote):
         raise UsageError("--serve-at checks the cache folder as a server mounting it elsewhere reads it: "
@@ -212,11 +216,14 @@ def cmd_check(args) -> int:
 def _print_check(r, verbose: bool) -> None:
     """One line per cause, with its count and at most three examples; ``verbose`` adds a line per
     variant or row."""
+    from ..jit.pipeline.resources import over_limit_line, pruned_line
+
     status = "ok" if r.ok else "PROBLEMS"
     unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
+    over = f"{len(r.over_limits)} over limits, " if r.over_limits else ""
     repeat = f" ({len(r.redundant)} of them only repeat other rows' variants)" if r.redundant else ""
     say(f"{r.target}: ", f"{status}: {plural(r.planned, 'variant')} planned from {plural(r.rows, 'row')}{repeat}, "
-        f"{len(r.missing)} missing, {len(r.corrupt)} corrupt, {unreadable}{len(r.unreachable)} unreachable rows")
+        f"{len(r.missing)} missing, {len(r.corrupt)} corrupt, {unreadable}{over}{len(r.unreachable)} unreachable rows")
     if r.interrupted:
         say("  interrupted: ", r.interrupted)
     if r.manifest_problem:
@@ -236,9 +243,13 @@ def _print_check(r, verbose: bool) -> None:
             say("  corrupt  ", f"{m['id']}  {short_kernel(m['kernel'])}" + (f"  ({m['why']})" if m.get("why") else ""))
         for m in r.read_elsewhere:
             say("  elsewhere  ", f"{m['id']}  {short_kernel(m['kernel'])}  files in {m['folder']}")
+        for m in r.over_limits:
+            say("  over limit  ", over_limit_line(r.target, m))
     else:
         for line in summarise_rows(r):
             say("  ", line)
+    if r.pruned:
+        say("  ", pruned_line(r.target, r.pruned))
     if r.from_fleet:
         say("  ", f"{len(r.from_fleet)} not in the local cache but in the shared cache, intact: Triton fetches "
                   "each at its first lookup (`engine run` at start-up)")
@@ -312,6 +323,22 @@ def summarise_rows(r) -> list[str]:
         lines.append(f"corrupt: {count} ({why}): `tritonwarm warmup` replaces them (--verbose lists each)")
     if r.unreadable:
         lines.append(f"unreadable: {len(r.unreadable)}: {r.unreadable[0]['why']} (--verbose lists each)")
+    lines += over_limit_lines(r.target, r.over_limits)
+    return lines
+
+
+def over_limit_lines(target: str, rows: list[dict]) -> list[str]:
+    """One line per kernel and resource over the target's limits: the count and the largest need."""
+    groups: dict[tuple[str, str], list[tuple[dict, dict]]] = {}
+    for row in rows:
+        for need in row["needs"]:
+            groups.setdefault((short_kernel(row["kernel"]), need["resource"]), []).append((need, row))
+    lines = []
+    for (kernel, resource), found in groups.items():
+        need, row = max(found, key=lambda pair: pair[0]["need"])
+        lines.append(f"over limits: {len(found)} ({kernel}): {resource} up to {need['need']:,} {need['unit']} > "
+                     f"{need['limit']:,} on {target} ({row['id']}: {row['set_by']}): the GPU refuses to load "
+                     f"{'them' if len(found) > 1 else 'it'}: smaller tiles or fewer stages (--verbose lists each)")
     return lines
 
 
@@ -319,6 +346,7 @@ MISSING_ADVICE = {
     "not warmed": "warm up with these specs (`tritonwarm warmup`)",
     "kernel not warmed": "no variant of the kernel is warmed for this environment: warm a spec that launches it",
     "other class": "a class of their arguments was not warmed: warm a spec row that launches it",
+    "compile failed": "the warm-up could not compile them: the why line above says why",
     **dict.fromkeys(("copied", "files gone", "other options", "other code", "other module constants"),
                     "the why line above says why"),
 }

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-# The parser is built for every command (and --help): these mirror jit.monitor.POLICIES and
+# The parser is built for every command (and --help): these mirror jit.serving.monitor.POLICIES and
 # engine.ops.OPS (tested equal) so that building it imports neither torch nor Triton.
 POLICIES = ("off", "warn", "error")
 MODES = ("reference", "triton")
@@ -63,7 +63,7 @@ def _check_paths(args) -> None:
 
 
 def cmd_engine_run(args) -> int:
-    from ..jit.monitor import JitPolicyError
+    from ..jit.serving.monitor import JitPolicyError
     from .config import load_engine_config
     from .metrics import EngineMetrics
     from .runner import make_workload, serve

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..jit import in_fake_mode
-from ..jit.monitor import DispatchMonitor
-from ..jit.progress import set_phase
+from ..jit.pipeline.progress import set_phase
+from ..jit.serving.monitor import DispatchMonitor
 from .config import EngineConfig
 from .graphs import DecodeGraphs, is_graph_step
 from .kv import BlockAllocator, KVCache

@@ -4,7 +4,7 @@ No spec describes the engine: ``engine_plan`` builds one step per Triton class o
 scalars (tokens in the step, requests in the step) and runs ``Engine.execute`` on it under
 ``capture(target)``; Triton's binder gives the keys. Everything else that picks a variant (dtype,
 geometry, block size, which layers have a residual or a dense MLP) is fixed by the config and
-reached by every step. ``tritonwarm.jit.warmup.warm(plan, cache_dir)`` then warms exactly that.
+reached by every step. ``tritonwarm.jit.pipeline.warmup.warm(plan, cache_dir)`` then warms exactly that.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..jit import Target, class_reps, resolve_target
-from ..jit.c_launchers import warm_c_launchers
 from ..jit.cache import Manifest, UnreadableEntry, entry_files
 from ..jit.cache.remote import fetch_from_fleet, serving_reads_the_fleet
-from ..jit.check import check
-from ..jit.dispatch_record import read_record
-from ..jit.miss import WarmedNeighbours
-from ..jit.monitor import JitPolicyError
-from ..jit.plan import Plan, trace_rows
+from ..jit.core.dispatch_record import read_record
+from ..jit.pipeline.check import check
+from ..jit.pipeline.plan import Plan, trace_rows
+from ..jit.pipeline.resources import over_limit_line
+from ..jit.serving.c_launchers import warm_c_launchers
+from ..jit.serving.miss import WarmedNeighbours
+from ..jit.serving.monitor import JitPolicyError
 from .config import EngineConfig, load_engine_config
 from .engine import Engine
 from .model import plan_token_counts
@@ -53,7 +54,7 @@ def engine_config_source(config: str | Path) -> str:
 
 
 def engine_plan_json(config: str, target_name: str) -> dict:
-    """``engine_plan`` for a worker process (``jit.pool.worker_pool``): arguments and result as data."""
+    """``engine_plan`` for a worker process (``jit.pipeline.pool.worker_pool``): arguments and result as data."""
     return engine_plan(config, target_name).to_json()
 
 
@@ -106,6 +107,10 @@ def startup_check(config: EngineConfig, target: Target, cache_dir: Path, policy:
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks {len(problems)} of the "
                    f"{report.planned} variants this engine launches ({', '.join(kernels)}); "
                    + _first_reason(report, target))
+    elif report.over_limits:  # the GPU refuses to load them: the first step that launches one crashes
+        message = (f"engine start refused: {len(report.over_limits)} of the {report.planned} variants this engine "
+                   f"launches on {target.name} are over its launch limits: "
+                   f"{over_limit_line(target.name, report.over_limits[0])}")
     elif report.missing_c_launchers:  # Triton would run gcc at its first launch (and fail on a read-only cache)
         message = (f"engine start refused: the {target.name} cache {cache_dir} lacks "
                    f"{len(report.missing_c_launchers)} of Triton's C launchers this engine needs: "

@@ -20,7 +20,7 @@ import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from ..jit.targets import Target, local_target
+from ..jit.core.targets import Target, local_target
 from .config import EngineConfig
 
 
@@ -33,7 +33,7 @@ def _capture_ladder(limit: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class PlatformDefaults:
-    family: str  # jit.targets.Target.family, or "cpu" where there is no GPU
+    family: str  # jit.core.targets.Target.family, or "cpu" where there is no GPU
     max_capture_size: int  # the largest decode batch captured as a CUDA graph (0: none)
     capture_sizes: tuple[int, ...] = field(init=False)  # the sizes captured: the ladder up to the limit
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..jit.dispatch_record import write_record
-from ..jit.monitor import DispatchMonitor
+from ..jit.core.dispatch_record import write_record
+from ..jit.serving.monitor import DispatchMonitor
 from .config import EngineConfig
 from .engine import Engine, RunResult
 from .plan import startup_check
@@ -72,8 +72,8 @@ def serve(config: EngineConfig, requests: list[Request], *, mode: str = "triton"
     at the first launch that needs it.
     """
     from ..jit.cache import refuse_if_served_elsewhere, resolve_cache_dir
-    from ..jit.compile import triton_cache_dir
-    from ..jit.targets import local_target, resolve_target
+    from ..jit.cache.triton_dir import triton_cache_dir
+    from ..jit.core.targets import local_target, resolve_target
 
     cache_dir = resolve_cache_dir(cache_dir)
     dry_run = dry_run_target is not None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..jit.progress import set_phase
+from ..jit.pipeline.progress import set_phase
 from .config import ModelConfig
 
 _ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32,

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..jit.targets import active_gpu_target
+from ..jit.core.targets import active_gpu_target
 
 TILES_FILE = Path(__file__).with_name("paged_attention_tiles.json")
 GEOMETRY_CLASSES = ("wide", "narrow")

@@ -7,9 +7,10 @@ Tile configs are data: a table keyed by M, the tokens in the call, in the format
 nearest to its M (as vLLM does). Each entry is one compiled variant per GEMM, so the table *is* the
 specialization set: ``warmup_specs/fused_moe.yaml`` and the engine's plan name one M per key.
 
-A table measured on a target (``bench/fused_moe_tiles.py`` prints one) is saved as
-``fused_moe_configs/<target>.json`` (``sm90.json``); a call without an explicit table uses the one of
-the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
+A table measured on a target (``bench/fused_moe_tiles.py`` writes one per weight format) is saved as
+``fused_moe_configs/<target>.json`` (``sm90.json``, dense weights) or ``<target>_mxfp4.json`` /
+``<target>_nvfp4.json`` (FP4 weights, else the dense one); a call without an explicit table uses the
+one of the target Triton's *active driver* reports, else ``default.json``. Warm-up traces under the
 target-only driver of the target it warms, so it selects from the same table the runtime will.
 ``BLOCK_SIZE_M`` is also ``moe_align_block_size``'s block, so alignment and GEMM always agree.
 """
@@ -26,8 +27,9 @@ import torch
 import yaml
 
 from ..errors import describe_error
-from ..jit import JitKernel, Launch
-from ..jit.targets import active_gpu_target, target_from_gpu_target
+from ..jit import JitKernel, Launch, Target
+from ..jit.core.targets import active_gpu_target, target_from_gpu_target
+from ..jit.core.tile_fit import active_target, async_mma, fit_tile, pipeline_buffers, shared_budget
 from ..kernels.fused_moe import fused_moe_kernel, fused_moe_nvfp4_kernel
 from ._host import cdiv
 from ._op import custom_op
@@ -112,28 +114,120 @@ def load_tile_table(path: str | Path = DEFAULT_CONFIGS) -> TileTable:
     return TileTable(tuple(m for m, _ in entries), tuple(c for _, c in entries))
 
 
-def target_table_path(target_name: str) -> Path:
-    """``fused_moe_configs/<target>.json`` where one was measured for that target, else ``default.json``."""
-    path = CONFIG_DIR / f"{target_name}.json"
-    return path if path.is_file() else DEFAULT_CONFIGS
+WEIGHT_FORMATS = ("bf16", "mxfp4", "nvfp4")  # bf16 names the dense table (any dense dtype)
 
 
-_active: tuple[object, TileTable] | None = None  # (the GPUTarget it was read for, its table)
+def target_table_path(target_name: str, weights: str = "bf16") -> Path:
+    """The table a target reads for a weight format: ``<target>_<weights>.json`` where one was
+    measured for an FP4 format, else ``<target>.json`` (dense, measured), else ``default.json``."""
+    for name in ([f"{target_name}_{weights}"] if weights != "bf16" else []) + [target_name]:
+        path = CONFIG_DIR / f"{name}.json"
+        if path.is_file():
+            return path
+    return DEFAULT_CONFIGS
 
 
-def active_tile_table() -> TileTable:
-    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``);
-    ``default.json`` where there is no driver (CPU only: Triton's interpreter). Kept for as long as
-    that driver's answer (the same object) lasts, so a step pays one identity check and a table
-    saved for a target is read by the next driver of that target."""
-    global _active
+_active: dict[str, tuple[object, TileTable]] = {}  # weights -> (the GPUTarget it was read for, its table)
+
+
+def active_tile_table(weights: str = "bf16") -> TileTable:
+    """The tile table of the target Triton's active driver compiles for (``active_gpu_target``), for
+    the weight format (``target_table_path``); ``default.json`` where there is no driver (CPU only:
+    Triton's interpreter). Kept for as long as that driver's answer (the same object) lasts, so a
+    step pays one identity check and a table saved for a target is read by the next driver of that
+    target."""
     target = active_gpu_target()
     if target is None:
         return load_tile_table()
-    cached = _active
+    cached = _active.get(weights)
     if cached is None or cached[0] is not target:
-        cached = _active = (target, load_tile_table(target_table_path(target_from_gpu_target(target).name)))
+        path = target_table_path(target_from_gpu_target(target).name, weights)
+        cached = _active[weights] = (target, load_tile_table(path))
     return cached[1]
+
+
+def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
+    """The FP4 kernels' two layout choices. ``SWAP`` below 64-row blocks: the weight tile becomes the
+    MMA's first operand, so Hopper's 64-row warpgroup MMA runs for a 16-token block. ``BF16_BITS``
+    where the target is NVIDIA: the decoded halves are used as bf16 subnormals, which NVIDIA's bf16
+    arithmetic keeps; elsewhere (AMD, Triton's interpreter) the same values go through fp32."""
+    if packed.data_ptr() % 4 or any(stride % 4 for stride in packed.stride()[:2]) or packed.stride(2) != 1:
+        raise ValueError(f"packed FP4 weights {tuple(packed.shape)} must have contiguous rows starting on "
+                         f"4-byte boundaries (strides {tuple(packed.stride())}): they are read as int32 words")
+    target = active_gpu_target()
+    return dict(SWAP=config.block_m < 64, BF16_BITS=target is not None and target.backend == "cuda")
+
+
+WEIGHT_FORMATS = ("dense", "mxfp4", "nvfp4")
+
+
+def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gated: bool, target: Target) -> int:
+    """Shared memory one program of the fused MoE GEMM needs on ``target`` (an estimate, checked
+    against compiled binaries by the tests): the pipelined tiles of one K step, ``A`` (BLOCK_M x
+    BLOCK_K activations) and one weight tile per output (two when ``gated``: gate and up), weights
+    as stored (dense in the activation's dtype; FP4 packed two to a byte plus one scale byte per 32
+    (MXFP4) or 16 (NVFP4) values), times Triton's pipeline buffers (``pipeline_buffers``); where the
+    matrix unit reads its operands from shared memory (``async_mma``) and on AMD, an FP4 tile is
+    also decoded into shared memory in the activation's dtype (an NVFP4 tile everywhere, once)."""
+    m, n, k = config.block_m, config.block_n, config.block_k
+    if weight == "dense":
+        weight_tile = k * n * act_bytes
+    else:
+        weight_tile = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
+    outputs = 2 if gated else 1
+    stage = m * k * act_bytes + outputs * weight_tile
+    mma_from_shared = async_mma(target, m)
+    if weight != "dense" and (mma_from_shared or not target.is_nvidia):
+        decoded = outputs * k * n * act_bytes
+    elif weight == "nvfp4":  # its fp32 scaling: the decoded tile passes through shared memory once
+        decoded = k * n * act_bytes
+    else:
+        decoded = 0
+    return pipeline_buffers(target, config.num_stages, mma_from_shared) * stage + decoded
+
+
+def smaller_moe_tile(config: TileConfig, min_block_k: int = 16) -> TileConfig | None:
+    """The next smaller tile to try when one does not fit: BLOCK_K halved down to 64, then fewer
+    stages down to 2, BLOCK_K down to 32 (``min_block_k`` if larger), BLOCK_N down to 32, BLOCK_M
+    down to 16, one stage; None past the smallest."""
+    replace = dataclasses.replace
+    if config.block_k > 64:
+        return replace(config, block_k=config.block_k // 2)
+    if config.num_stages > 2:
+        return replace(config, num_stages=config.num_stages - 1)
+    if config.block_k > max(min_block_k, 32):
+        return replace(config, block_k=config.block_k // 2)
+    if config.block_n > 32:
+        return replace(config, block_n=config.block_n // 2)
+    if config.block_m > 16:
+        return replace(config, block_m=config.block_m // 2)
+    if config.num_stages > 1:
+        return replace(config, num_stages=1)
+    return None
+
+
+@cache
+def fitted_moe_tile(config: TileConfig, act_bytes: int, weight: str, target: Target | None) -> TileConfig:
+    """``config``, or the largest smaller tile (``smaller_moe_tile``) whose gate/up GEMM (the larger
+    of the two) fits ``target``'s shared memory in this dtype and weight format: a table written for
+    2-byte activations also serves fp32 ones. No target (the interpreter): ``config``."""
+    if target is None:
+        return config
+    min_k = 32 if weight == "mxfp4" else 16
+    return fit_tile(config, lambda c: fused_moe_shared_bytes(c, act_bytes, weight, True, target),
+                    lambda c: smaller_moe_tile(c, min_k), shared_budget(target), f"fused MoE tile ({weight})")
+
+
+def _launch_estimate(weight: str):
+    """``JitKernel.shared_estimate`` of a GEMM launch: ``fused_moe_shared_bytes`` of its tile."""
+    def estimate(launch: Launch, target: Target) -> int:
+        c = launch.constexprs
+        config = TileConfig(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["GROUP_M"], launch.num_warps,
+                            launch.num_stages)
+        return fused_moe_shared_bytes(config, launch.args[0].element_size(), "mxfp4" if c.get("MXFP4_B") else weight,
+                                      c["GATED"], target)
+
+    return estimate
 
 
 # num_valid_slots and num_m_blocks change every step: do_not_specialize, they only bound the work.
@@ -149,6 +243,7 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
     mxfp4 = b_scales is not None
     scales = b_scales if mxfp4 else b
     scale_strides = (b_scales.stride(0), b_scales.stride(1)) if mxfp4 else (0, 0)
+    fp4 = _fp4_constexprs(b, config) if mxfp4 else {}
     return Launch(
         grid=(num_m_blocks * cdiv(n, config.block_n),),
         args=(a, b, scales, c, topk_weights, sorted_token_ids, expert_ids, num_tokens_post_padded,
@@ -156,12 +251,12 @@ def fused_moe_gemm_launch(a, b, b_scales, c, topk_weights, sorted_token_ids, exp
               c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, MXFP4_B=mxfp4,
                         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                        GROUP_M=config.group_m),
+                        GROUP_M=config.group_m, **fp4),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
-fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch)
+fused_moe_gemm_jit = JitKernel(fused_moe_kernel, fused_moe_gemm_launch, shared_estimate=_launch_estimate("dense"))
 
 
 def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights, sorted_token_ids, expert_ids,
@@ -178,12 +273,14 @@ def fused_moe_nvfp4_gemm_launch(a, b, b_scales, b_global_scales, c, topk_weights
               topk_weights.numel(), num_m_blocks, n, a.shape[1], a.stride(0), b.stride(0), b.stride(1),
               b_scales.stride(0), b_scales.stride(1), c.stride(0)),
         constexprs=dict(TOP_K=top_k, GATED=gated, MUL_ROUTED_WEIGHT=mul_routed_weight, BLOCK_M=config.block_m,
-                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m),
+                        BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+                        **_fp4_constexprs(b, config)),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
 
-fused_moe_nvfp4_gemm_jit = JitKernel(fused_moe_nvfp4_kernel, fused_moe_nvfp4_gemm_launch)
+fused_moe_nvfp4_gemm_jit = JitKernel(fused_moe_nvfp4_kernel, fused_moe_nvfp4_gemm_launch,
+                                     shared_estimate=_launch_estimate("nvfp4"))
 
 
 def fused_moe(hidden: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, topk_weights: torch.Tensor,
@@ -257,9 +354,11 @@ def _fused_moe(hidden, w_gate_up, gate_up_scales, w_down, down_scales, topk_weig
     if global_scales is not None and (hidden_size % 16 or intermediate % 16):
         raise ValueError(f"NVFP4 needs hidden {hidden_size} and intermediate {intermediate} to be multiples of 16")
     top_k = topk_ids.shape[1]
-    config = (tile_table or active_tile_table()).select(num_tokens)
+    weight = "mxfp4" if mxfp4 else "nvfp4" if global_scales is not None else "dense"
+    config = (tile_table or active_tile_table("bf16" if weight == "dense" else weight)).select(num_tokens)
     if mxfp4 and config.block_k < 32:  # one MX block of 32 per tile at least
         config = dataclasses.replace(config, block_k=32)
+    config = fitted_moe_tile(config, hidden.element_size(), weight, active_target())
     if hidden.stride(1) != 1:
         hidden = hidden.contiguous()
     sorted_ids, expert_ids, post_padded = moe_align_block_size(topk_ids, num_experts, config.block_m)

@@ -8,14 +8,19 @@ split kernel's schedule and its combine kernel) reading the quantized entries. B
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from ..jit import JitKernel, Launch
-from ..jit.targets import active_gpu_target
+from ..jit import JitKernel, Launch, Target
+from ..jit.core.targets import active_gpu_target
+from ..jit.core.tile_fit import active_target, fit_tile, pipeline_buffers, shared_budget
 from ..kernels.mla_kv_quant import mla_kv_quantize_write_kernel, quantized_mla_decode_split_kernel
+from ._attention_tiles import target_name
 from ._host import cdiv, next_power_of_2
 from ._op import custom_op
 from .kv_cache_formats import QUANTIZED_DS_MLA_FORMATS, MLAKVFormat, QuantizedMLALayout, kv_format
@@ -25,9 +30,13 @@ from .paged_attention import (
     device_sm_count,
     grid_splits,
     paged_decode_attention_combine_jit,
+    smaller_split_tile,
 )
 
 LATENT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+TILES_FILE = Path(__file__).with_name("mla_kv_quant_tiles.json")
 
 
 @dataclass(frozen=True)
@@ -35,19 +44,56 @@ class QuantizedTiles:
     block_n: int  # tokens per tile
     num_warps: int
     num_stages: int
+    block_h: int  # most query heads per program
     parts_per_sm: int
 
 
-# Per target backend (not yet measured on a GPU: bench/kernels.py times them). gfx942 keeps one stage
-# (its 64 KB of LDS); the interpreter (no driver) takes small tiles: it is CPU time per element.
-_TILES = {"cuda": QuantizedTiles(32, 8, 2, 2), "hip": QuantizedTiles(32, 8, 1, 1),
-          None: QuantizedTiles(16, 4, 1, 1)}
+_TILE_CHECKS = {
+    "block_n": lambda v: isinstance(v, int) and v >= 16 and v & (v - 1) == 0,
+    "num_warps": lambda v: v in (1, 2, 4, 8, 16),
+    "num_stages": lambda v: isinstance(v, int) and 1 <= v <= 8,
+    "block_h": lambda v: v in (16, 32, 64),
+    "parts_per_sm": lambda v: isinstance(v, int) and 1 <= v <= 16,
+}
 
 
-def quantized_tiles() -> QuantizedTiles:
-    """The tiles for the target of Triton's active driver (warm-up's target-only driver included)."""
+def parse_quantized_tiles(data, source: str) -> dict[str, dict[str, QuantizedTiles]]:
+    """``{target: {format: QuantizedTiles}}``; a bad entry raises one line naming it."""
+    if not isinstance(data, dict) or "default" not in data:
+        raise ValueError(f"{source}: needs a 'default' target entry")
+    table = {}
+    for target, formats in data.items():
+        if target.startswith("_"):
+            continue
+        if not isinstance(formats, dict) or set(formats) != set(QUANTIZED_DS_MLA_FORMATS):
+            raise ValueError(f"{source}: {target}: needs exactly the formats {list(QUANTIZED_DS_MLA_FORMATS)}")
+        table[target] = {}
+        for name, fields in formats.items():
+            where = f"{source}: {target}.{name}"
+            if not isinstance(fields, dict) or set(fields) != set(_TILE_CHECKS):
+                raise ValueError(f"{where}: needs exactly the fields {sorted(_TILE_CHECKS)}")
+            for field, ok in _TILE_CHECKS.items():
+                if not ok(fields[field]):
+                    raise ValueError(f"{where}.{field}: invalid value {fields[field]!r}")
+            table[target][name] = QuantizedTiles(**fields)
+    return table
+
+
+@functools.cache
+def load_quantized_tiles(path: str = str(TILES_FILE)) -> dict[str, dict[str, QuantizedTiles]]:
+    with open(path) as f:
+        return parse_quantized_tiles(json.load(f), Path(path).name)
+
+
+def quantized_tiles(kv_cache_dtype: str) -> QuantizedTiles:
+    """The declared tiles of ``kv_cache_dtype`` for the target of Triton's active driver (warm-up's
+    target-only driver included): its own entry, else its backend's, else the default."""
+    table = load_quantized_tiles()
     target = active_gpu_target()
-    return _TILES.get(target.backend if target is not None else None, _TILES[None])
+    if target is None:
+        return table["default"][kv_cache_dtype]
+    entry = table.get(target_name(target)) or table.get(target.backend) or table["default"]
+    return entry[kv_cache_dtype]
 
 
 def _format_constexprs(fmt: MLAKVFormat) -> dict:
@@ -110,18 +156,53 @@ def quantized_mla_decode_metadata(seq_lens: torch.Tensor, block_table: torch.Ten
     (the same rule as ``paged_attention.grid_splits``); one per step, shared by every layer."""
     if kv_cache_dtype not in QUANTIZED_DS_MLA_FORMATS:
         raise ValueError(f"unknown quantized MLA KV cache format {kv_cache_dtype!r}")
-    splits = _splits(seq_lens.shape[0], block_table, block_size, num_heads, seq_lens.device)
+    splits = _splits(seq_lens.shape[0], block_table, block_size, num_heads, kv_cache_dtype, seq_lens.device)
     return None, torch.arange(0, (seq_lens.shape[0] + 1) * splits, splits, dtype=torch.int32, device=seq_lens.device)
 
 
-def _head_tile(num_heads: int) -> int:
-    return max(MIN_BLOCK, min(next_power_of_2(num_heads), 64))
+def _head_tile(num_heads: int, tiles: QuantizedTiles) -> int:
+    return max(MIN_BLOCK, min(next_power_of_2(num_heads), tiles.block_h))
 
 
-def _splits(batch: int, block_table, block_size: int, num_heads: int, device) -> int:
-    tiles = quantized_tiles()
-    return grid_splits(batch, cdiv(num_heads, _head_tile(num_heads)), block_table.shape[1] * block_size,
+def _splits(batch: int, block_table, block_size: int, num_heads: int, kv_cache_dtype: str, device) -> int:
+    tiles = quantized_tiles(kv_cache_dtype)
+    return grid_splits(batch, cdiv(num_heads, _head_tile(num_heads, tiles)), block_table.shape[1] * block_size,
                        tiles.block_n, tiles.parts_per_sm, device_sm_count(device))
+
+
+def quantized_split_shared_bytes(block_h: int, block_n: int, num_stages: int, fmt: MLAKVFormat, act_bytes: int,
+                                 target: Target) -> int:
+    """Shared memory one program of the quantized split kernel needs on ``target`` (an estimate, checked
+    against compiled binaries by the tests; kept on the safe side). The tiles are dequantized in
+    registers; on NVIDIA the dots read the key tile (latent + rope, twice: as keys and in the value's
+    layout), the query and the probabilities from shared memory; on AMD the latent rows of the key
+    or the output (whichever has more) pass through LDS. Each pipeline buffer past the first holds
+    a tile of raw entries."""
+    key_row = (fmt.kv_lora_rank + fmt.rope_dim) * act_bytes
+    raw = block_n * fmt.entry_bytes
+    if target.is_nvidia:
+        return ((pipeline_buffers(target, num_stages) - 1) * raw + 2 * block_n * key_row + block_h * key_row
+                + block_h * block_n * act_bytes)
+    buffers = pipeline_buffers(target, num_stages) if num_stages > 1 or str(target.arch).startswith("gfx95") else 0
+    return buffers * raw + max(block_n, block_h) * fmt.kv_lora_rank * act_bytes
+
+
+@functools.cache
+def fitted_quantized_tile(tile: tuple[int, int, int], fmt: MLAKVFormat, act_bytes: int,
+                          target: Target | None) -> tuple[int, int, int]:
+    """The declared ``(num_stages, block_n, block_h)``, or the largest smaller one that fits ``target``'s
+    shared memory (``paged_attention.smaller_split_tile``); the declared one without a target."""
+    if target is None:
+        return tile
+    return fit_tile(tile, lambda t: quantized_split_shared_bytes(t[2], t[1], t[0], fmt, act_bytes, target),
+                    smaller_split_tile, shared_budget(target), "quantized MLA decode tile")
+
+
+def _launch_estimate(launch: Launch, target: Target) -> int:
+    c = launch.constexprs
+    fmt = kv_format(c["KV_FORMAT"], c["LATENT_DIM"], c["ROPE_DIM"])
+    return quantized_split_shared_bytes(c["BLOCK_H"], c["BLOCK_N"], launch.num_stages, fmt,
+                                        launch.args[0].element_size(), target)
 
 
 def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits: int, partial_out, partial_lse,
@@ -131,22 +212,31 @@ def quantized_mla_decode_split_launch(q, kv_cache, block_table, seq_lens, splits
         return None
     rank = partial_out.shape[-1]
     fmt = kv_format(kv_cache_dtype, rank, key_dim - rank)
-    tiles = quantized_tiles()
-    block_h = _head_tile(num_heads)
-    # The batch and the split count only size the grid and a do_not_specialize int.
+    tiles = quantized_tiles(kv_cache_dtype)
+    # fp32 q (exact fp32 keys: a checking path, not a serving one) keeps its tile to 16 tokens, which
+    # fits in registers
+    declared = (tiles.num_stages, MIN_BLOCK if q.dtype == torch.float32 else tiles.block_n,
+                _head_tile(num_heads, tiles))
+    stages, block_n, block_h = fitted_quantized_tile(declared, fmt, q.element_size(), active_target())
+    target = active_gpu_target()
+    cuda = target is not None and target.backend == "cuda"
+    # The batch and the split count only size the grid and a do_not_specialize int. KEY_BARRIER (an
+    # inline PTX copy of the dequantized tile, NVIDIA only) keeps the dequantization to once per tile;
+    # FP8_CVT: Triton has the E4M3 type (not on NVIDIA before sm89).
     return Launch(
         grid=(batch * splits, cdiv(num_heads, block_h)),
         args=(q, kv_cache, block_table, seq_lens, partial_out, partial_lse, q.stride(0), q.stride(1),
               kv_cache.stride(0), block_table.stride(0), partial_out.stride(0), partial_out.stride(1),
               partial_lse.stride(0), float(scale) * math.log2(math.e), int(splits)),
-        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
-                        **{k: v for k, v in _format_constexprs(fmt).items()}),
+        constexprs=dict(PAGE_SIZE=kv_cache.shape[1], NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_N=block_n,
+                        **_format_constexprs(fmt), KEY_BARRIER=cuda, FP8_CVT=not cuda or target.arch >= 89),
         num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_stages=stages,
     )
 
 
-quantized_mla_decode_split_jit = JitKernel(quantized_mla_decode_split_kernel, quantized_mla_decode_split_launch)
+quantized_mla_decode_split_jit = JitKernel(quantized_mla_decode_split_kernel, quantized_mla_decode_split_launch,
+                                           shared_estimate=_launch_estimate)
 
 
 def quantized_mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -169,7 +259,7 @@ def quantized_mla_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, bloc
     _, num_splits = metadata
     if tuple(num_splits.shape) != (batch + 1,):
         raise ValueError("metadata must be quantized_mla_decode_metadata's: (None, num_splits [batch + 1])")
-    splits = _splits(batch, block_table, layout.block_size, num_heads, q.device)
+    splits = _splits(batch, block_table, layout.block_size, num_heads, kv_cache_dtype, q.device)
     partial_out = torch.empty(batch * splits, num_heads, kv_lora_rank, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(batch * splits, num_heads, dtype=torch.float32, device=q.device)
     out = torch.empty(batch, num_heads, kv_lora_rank, dtype=q.dtype, device=q.device)

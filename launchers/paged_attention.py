@@ -18,12 +18,14 @@ exact algorithm: ``kernels/paged_attention.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 import torch
 
-from ..jit import JitKernel, Launch
+from ..jit import JitKernel, Launch, Target
+from ..jit.core.tile_fit import active_target, async_mma, fit_tile, pipeline_buffers, shared_budget
 from ..kernels.paged_attention import (
     paged_decode_attention_combine_kernel,
     paged_decode_attention_grid_split_kernel,
@@ -126,22 +128,82 @@ def paged_decode_metadata(seq_lens: torch.Tensor, block_table: torch.Tensor, num
     return None, torch.arange(0, (batch + 1) * splits, splits, dtype=torch.int32, device=seq_lens.device)
 
 
+def split_shared_bytes(block_h: int, block_n: int, block_d: int, block_d_tail: int, block_dv: int,
+                       value_is_key: bool, num_stages: int, item_bytes: int, target: Target) -> int:
+    """Shared memory one program of a split kernel needs on ``target`` (an estimate, checked against
+    compiled binaries by the tests). A K step's tiles (``block_n`` keys of ``block_d + block_d_tail``
+    dims, plus the values unless ``value_is_key``) times Triton's pipeline buffers; on NVIDIA also
+    the query and probability tiles the dots read, and where a 64-row matrix unit reads the value
+    tile from shared memory (``async_mma``) a copy of it in that unit's layout; on AMD the query and
+    probabilities stay in registers and the value (or output) rows pass through LDS to change layout.
+    One stage pipelines nothing (gfx95x excepted)."""
+    key_row = (block_d + block_d_tail) * item_bytes
+    stage = block_n * key_row + (0 if value_is_key else block_n * block_dv * item_bytes)
+    if target.is_nvidia:
+        relayout = block_n * block_dv * item_bytes if async_mma(target, block_h) else 0
+        # one stage pipelines nothing, but a key or value tile still passes through for the dot's layout
+        staged = pipeline_buffers(target, num_stages) * stage if num_stages > 1 else \
+            block_n * max(key_row, block_dv * item_bytes)
+        return staged + block_h * key_row + block_h * block_n * item_bytes + relayout
+    buffers = pipeline_buffers(target, num_stages) if num_stages > 1 or str(target.arch).startswith("gfx95") else 0
+    return buffers * stage + max(block_n, block_h) * block_dv * item_bytes
+
+
+def smaller_split_tile(tile: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """``(num_stages, block_n, block_h)`` one size down: fewer stages down to 2, then fewer keys per
+    step, then fewer heads per program (more head tiles), then one stage; None past the smallest."""
+    stages, block_n, block_h = tile
+    if stages > 2:
+        return stages - 1, block_n, block_h
+    if block_n > MIN_BLOCK:
+        return stages, block_n // 2, block_h
+    if block_h > MIN_BLOCK:
+        return stages, block_n, block_h // 2
+    if stages > 1:
+        return 1, block_n, block_h
+    return None
+
+
+@functools.cache
+def fitted_split_tile(tile: tuple[int, int, int], dims: tuple[int, int, int], value_is_key: bool, item_bytes: int,
+                      target: Target | None) -> tuple[int, int, int]:
+    """The declared ``(num_stages, block_n, block_h)``, or the largest smaller one (``smaller_split_tile``)
+    that fits ``target``'s shared memory for keys / values of ``dims`` (block_d, block_d_tail, block_dv)
+    in this dtype; the declared one without a target (the interpreter)."""
+    if target is None:
+        return tile
+    return fit_tile(tile, lambda t: split_shared_bytes(t[2], t[1], *dims, value_is_key, t[0], item_bytes, target),
+                    smaller_split_tile, shared_budget(target), "paged decode attention tile")
+
+
+def _launch_estimate(launch: Launch, target: Target) -> int:
+    """``JitKernel.shared_estimate`` of a split launch: ``split_shared_bytes`` of its constexprs."""
+    c = launch.constexprs
+    return split_shared_bytes(c["BLOCK_H"], c["BLOCK_N"], c["BLOCK_D"], c["BLOCK_D_TAIL"], c["BLOCK_DV"],
+                              c["VALUE_IS_KEY"], launch.num_stages, launch.args[0].element_size(), target)
+
+
 def _split_constexprs(q, kv_cache, value_dim: int):
-    """(layout, launch constexprs, declared settings) shared by both split kernels."""
+    """(layout, launch constexprs, declared settings fitted to the target) shared by both split kernels."""
     batch, num_heads, key_dim = q.shape
     layout = KVCacheLayout.infer(kv_cache, key_dim, value_dim)
     heads_per_kv = num_heads // layout.num_kv_heads
-    block_h = _head_tile(heads_per_kv)
     block_d, block_d_tail = _key_chunks(key_dim)
     # Token tile, warps, stages and the two loop flags are declared per target and geometry class
-    # (paged_attention_tiles.json, measured per target by bench/attention_tiles.py). gfx942 keeps MLA
-    # at one plain stage: two would need 68 KB of its 64 KB LDS. Shared memory per variant:
-    # `tritonwarm list`.
+    # (paged_attention_tiles.json, measured per target by bench/attention_tiles.py); where the tiles
+    # of a geometry (DeepSeek-V3's 128 heads: a 64-row head tile) or a dtype (fp32) would not fit the
+    # target's shared memory, fewer stages, keys or heads per program (``fitted_split_tile``).
+    # Shared memory per variant: `tritonwarm list`.
     tiles = settings_for(key_dim)
     block_dv = max(MIN_BLOCK, next_power_of_2(layout.value_dim))
     # The key tile can stand in for the value tile only where the value is its first BLOCK_D dims.
     value_is_key = tiles.value_is_key and layout.value_offset == 0 and block_dv == block_d \
         and layout.value_dim == block_d
+    stages, block_n, block_h = fitted_split_tile((tiles.num_stages, tiles.block_n, _head_tile(heads_per_kv)),
+                                                 (block_d, block_d_tail, block_dv), value_is_key, q.element_size(),
+                                                 active_target())
+    if (stages, block_n) != (tiles.num_stages, tiles.block_n):
+        tiles = dataclasses.replace(tiles, num_stages=stages, block_n=block_n)
     constexprs = dict(PAGE_SIZE=layout.block_size, HEADS_PER_KV=heads_per_kv, KEY_DIM=key_dim,
                       VALUE_DIM=layout.value_dim, BLOCK_H=block_h, BLOCK_N=tiles.block_n,
                       BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv,
@@ -209,9 +271,11 @@ def paged_decode_attention_combine_launch(partial_out, partial_lse, num_splits, 
     )
 
 
-paged_decode_attention_split_jit = JitKernel(paged_decode_attention_split_kernel, paged_decode_attention_split_launch)
+paged_decode_attention_split_jit = JitKernel(paged_decode_attention_split_kernel, paged_decode_attention_split_launch,
+                                             shared_estimate=_launch_estimate)
 paged_decode_attention_grid_split_jit = JitKernel(paged_decode_attention_grid_split_kernel,
-                                                  paged_decode_attention_grid_split_launch)
+                                                  paged_decode_attention_grid_split_launch,
+                                                  shared_estimate=_launch_estimate)
 paged_decode_attention_combine_jit = JitKernel(paged_decode_attention_combine_kernel,
                                                paged_decode_attention_combine_launch)
 

@@ -28,8 +28,8 @@ warnings.filterwarnings("ignore", module="triton")
 TRITON_VERSION_FILES = {
     "test_autotune.py", "test_bundle.py", "test_c_launchers.py", "test_cache_manager.py", "test_capture_all.py",
     "test_dispatch.py", "test_engine_warm.py", "test_env.py", "test_for_wheel.py", "test_fp4_e2m1_rounding.py",
-    "test_interpreter.py", "test_miss_reasons.py", "test_mla_metadata.py", "test_monitor.py", "test_paged_attention.py",
-    "test_readonly_cache.py", "test_record.py",
+    "test_import_once.py", "test_interpreter.py", "test_layers.py", "test_miss_reasons.py", "test_mla_metadata.py",
+    "test_monitor.py", "test_paged_attention.py", "test_readonly_cache.py", "test_record.py", "test_resources.py",
     "test_remote_cache.py", "test_runtime_keys.py", "test_sass_count.py", "test_shipped_specs.py",
     "test_specialization.py", "test_targets.py", "test_warmup.py",
 }
@@ -73,7 +73,7 @@ def compile_call(compile_cache_dir):
     """``compile_call("sm90", launcher, *fake_args)``: trace the call with Triton's own keys, compile
     every variant it launches for that target, and return ``[(variant, CompiledKernel), ...]``."""
     from tritonwarm.jit import TARGETS, trace_call
-    from tritonwarm.jit.compile import compile_variant
+    from tritonwarm.jit.pipeline.compile import compile_variant
 
     def run(target_name, fn, *args, **kwargs):
         target = TARGETS[target_name]
@@ -116,8 +116,8 @@ def rms_norm_runtime():
     import torch
     from triton import knobs
     from tritonwarm.jit import fake_tensor
-    from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     def run(target, cache_dir, rows, fused, dtype=torch.bfloat16):
@@ -141,7 +141,7 @@ def served_from_bundle():
     and serving would build them at first launch."""
     import dataclasses
 
-    from tritonwarm.jit import c_launchers
+    from tritonwarm.jit.serving import c_launchers
 
     def served(report) -> bool:
         listed = bool(report.missing_c_launchers) == c_launchers.warms_c_modules("cuda")

@@ -3,8 +3,8 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.activation import silu_and_mul_reference
 from tritonwarm.launchers.activation import silu_and_mul
 

@@ -9,12 +9,12 @@ import triton.language as tl
 from tritonwarm.examples import inhouse_autotuned as ex
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import NoBenchmarkError, target_driver
-from tritonwarm.jit.trace import trace_call
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.targets import NoBenchmarkError, target_driver
+from tritonwarm.jit.core.trace import trace_call
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = ex.__file__.replace(".py", ".yaml")
 
@@ -174,7 +174,7 @@ def _data_pruned_kernel(x_ptr, n, BLOCK: tl.constexpr):
 
 
 def test_pruning_that_needs_data_keeps_every_config_with_a_note():
-    from tritonwarm.jit.trace import Capture, tracing
+    from tritonwarm.jit.core.trace import Capture, tracing
 
     cap = Capture()
     with tracing(cap, TARGETS["sm90"], all_kernels=True) as state:
@@ -185,7 +185,7 @@ def test_pruning_that_needs_data_keeps_every_config_with_a_note():
 
 
 def test_config_field_is_validated(tmp_path):
-    from tritonwarm.jit.specs import SpecError
+    from tritonwarm.jit.pipeline.specs import SpecError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(open(SPEC).read().replace('config: "$0 if n_cols < 4096 else 2"', "config: true"))

@@ -115,7 +115,7 @@ def test_expression_arithmetic_is_bounded_and_fails_in_one_line(tmp_path, capsys
 
 
 def test_bounded_arithmetic_still_reaches_every_integer_class():
-    from tritonwarm.jit.specs import Expr, SpecError
+    from tritonwarm.jit.pipeline.specs import Expr, SpecError
 
     where = SpecError("s.yaml", 1, "args.n", "")
     assert Expr("2**64 - 1", set(), where)({}) == 2**64 - 1
@@ -166,7 +166,7 @@ def test_a_directory_with_no_specs_is_bad_input(tmp_path, capsys):
 
 @pytest.mark.parametrize("garbage", ["garbage", '{"kernel": 1}', "[1, 2]", '{"kernel": "k"}'])
 def test_a_garbage_line_in_a_dispatch_record_names_its_line(tmp_path, capsys, garbage):
-    from tritonwarm.jit.dispatch_record import FIELDS
+    from tritonwarm.jit.core.dispatch_record import FIELDS
 
     good = {"kernel": "k", "target": "sm90", "variant": "abc", "cache_hash": "ab" * 32, "hit": True, "args": {},
             "launches": 1}
@@ -182,7 +182,7 @@ def test_a_garbage_line_in_a_dispatch_record_names_its_line(tmp_path, capsys, ga
 
 
 def test_records_round_trip_through_the_one_format(tmp_path):
-    from tritonwarm.jit.dispatch_record import read_record, write_record
+    from tritonwarm.jit.core.dispatch_record import read_record, write_record
 
     lines = [{"kernel": "k", "target": "sm90", "variant": "abc", "cache_hash": "ab" * 32, "hit": False,
               "args": {"n": "i32"}, "launches": 3, "first": None}]
@@ -242,10 +242,10 @@ def _one_variant_spec(tmp_path):
 
 def test_a_full_disk_stops_at_the_first_write_and_the_next_run_cleans_up(tmp_path, monkeypatch):
     from tritonwarm.jit import TARGETS
-    from tritonwarm.jit import warmup as warmup_module
     from tritonwarm.jit.cache import CacheError
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline import warmup as warmup_module
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     cache = tmp_path / "cache"
     the_plan = plan(load_specs([_one_variant_spec(tmp_path)]), TARGETS["sm90"])
@@ -280,11 +280,11 @@ def test_a_full_disk_stops_at_the_first_write_and_the_next_run_cleans_up(tmp_pat
 def test_a_full_disk_stops_a_pooled_warmup_too(tmp_path, monkeypatch):
     """Workers fork after the patch, so they inherit it; the first failure cancels what has not started."""
     from tritonwarm.jit import TARGETS
-    from tritonwarm.jit import warmup as warmup_module
     from tritonwarm.jit.cache import CacheError
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.pool import worker_pool
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline import warmup as warmup_module
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.pool import worker_pool
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     path = spec(tmp_path, RMS + """\
         axes:
@@ -370,8 +370,8 @@ def test_an_unreadable_entry_is_reported_as_unreadable_with_its_path(tmp_path, c
     """Tests run as root here, where permission bits do not stop reads: the read itself fails."""
     from tritonwarm.jit import TARGETS
     from tritonwarm.jit.cache import Manifest
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     path = _one_variant_spec(tmp_path)
     cache = tmp_path / "cache"
@@ -397,7 +397,7 @@ def test_an_unreadable_entry_is_reported_as_unreadable_with_its_path(tmp_path, c
         in out, out
     assert f"missing {victim.variant_id}" not in out
 
-    import tritonwarm.jit.warmup as warmup_module
+    import tritonwarm.jit.pipeline.warmup as warmup_module
 
     compiled = []
     monkeypatch.setattr(warmup_module, "_warm_one", lambda variant, *a, **k: compiled.append(variant) or
@@ -428,8 +428,8 @@ def test_parser_choices_mirror_the_modules_they_stand_for():
     from tritonwarm.cli.cache import IR_KINDS
     from tritonwarm.engine import cli as engine_cli
     from tritonwarm.engine.ops import OPS
-    from tritonwarm.jit.inspection import IR_KINDS as INSPECTION_IR_KINDS
-    from tritonwarm.jit.monitor import POLICIES
+    from tritonwarm.jit.pipeline.inspection import IR_KINDS as INSPECTION_IR_KINDS
+    from tritonwarm.jit.serving.monitor import POLICIES
 
     assert IR_KINDS == INSPECTION_IR_KINDS
     assert engine_cli.POLICIES == POLICIES and sorted(engine_cli.MODES) == sorted(OPS)
@@ -464,7 +464,7 @@ def test_check_prints_the_cache_and_lists_rows_that_repeat_others_when_verbose(t
     assert "  repeats other rows: s.yaml#1 (n=32)" in out, out
 
 
-def test_list_says_why_amd_targets_have_no_register_figures(tmp_path, capsys):
+def test_list_says_why_an_earlier_amd_entry_has_no_register_figures(tmp_path, capsys):
     from tritonwarm.jit.cache import Manifest
 
     entry = {"id": "abc", "target": "gfx942", "kernel": "k.rms_norm_kernel", "num_warps": 4, "num_stages": 2,
@@ -474,5 +474,5 @@ def test_list_says_why_amd_targets_have_no_register_figures(tmp_path, capsys):
     rc, out, err = run(capsys, "list", "--cache-dir", tmp_path)
     assert rc == 0, err
     lines = out.strip().splitlines()
-    assert lines[-1].startswith("-: REGS and SPILL are read from NVIDIA cubins"), out
+    assert lines[-1].startswith("-: REGS and SPILL of these AMD entries were not recorded"), out
     assert lines[1].split()[5:8] == ["-", "-", "16384"], out  # shared memory is Triton's own figure

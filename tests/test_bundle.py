@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.c_launchers import builds_per_signature
 from tritonwarm.jit.cache import CacheError, Manifest
 from tritonwarm.jit.cache.bundle import HEADER_NAME, install, read_header, verify
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.c_launchers import builds_per_signature
 
 
 def _bundle(out, spec_file, cache_dir, *extra):
@@ -127,7 +127,7 @@ def test_a_volume_for_another_mount_path_is_checked_as_served_there_and_never_wa
     from tritonwarm.engine.config import ENGINES
     from tritonwarm.engine.engine import Engine
     from tritonwarm.engine.runner import serve
-    from tritonwarm.jit import targets
+    from tritonwarm.jit.core import targets
 
     warmed = tmp_path / "warmed"
     warm(plan(load_specs([spec_file]), TARGETS["sm90"]), warmed)

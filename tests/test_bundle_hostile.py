@@ -10,9 +10,9 @@ import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache.bundle import HEADER_NAME, BundleError, Limits, install, verify
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm

@@ -11,11 +11,11 @@ import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache.bundle import HEADER_NAME, install, read_header
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.shard import assign, parse_shard, recorded_seconds, shard_plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.trace import Variant
+from tritonwarm.jit.core.trace import Variant
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.shard import assign, parse_shard, recorded_seconds, shard_plan
+from tritonwarm.jit.pipeline.specs import load_specs
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -143,7 +143,7 @@ def test_recorded_times_balance_the_shards():
 
 
 def test_shard_plan_keeps_findings_and_reads_times(tmp_path):
-    from tritonwarm.jit.plan import Plan
+    from tritonwarm.jit.pipeline.plan import Plan
 
     variants = _variants(5)
     the_plan = Plan(TARGETS["sm90"], {v.cache_hash: v for v in variants}, rows=5, errors=["row: boom"])

@@ -14,15 +14,16 @@ import pytest
 import torch
 from triton import knobs
 from tritonwarm.engine.metrics import EngineMetrics
-from tritonwarm.jit import TARGETS, c_launchers, fake_tensor
-from tritonwarm.jit.check import check
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.kernel import FakeLaunchSink, fake_launches
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import Plan
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.trace import trace_call
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit import TARGETS, fake_tensor
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.kernel import FakeLaunchSink, fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.trace import trace_call
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import Plan
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving import c_launchers
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers import rms_norm
 
 SM90 = TARGETS["sm90"]
@@ -373,7 +374,8 @@ def test_bundle_install_in_an_image_build_builds_the_driver_utilities_for_the_de
     out = run_cli("bundle", "install", bundle, "--cache-dir", served, rc=0).stdout
     assert "C launchers: 1 needed: 1 built" in out, out
     assert len(list(served.glob(f"*/cuda_utils{EXT_SUFFIX}"))) == 1
-    assert "sm90: ok: 1 variant planned" in run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
+    checked = run_cli("check", spec, "--target", "sm90", "--cache-dir", served, rc=0).stdout
+    assert "sm90: ok: 1 variant planned" in checked
 
 
 HIP_RUNTIME_STUB = """

@@ -5,11 +5,11 @@ runtime is run to show each, then ``check``, ``env``, ``warmup`` and the serving
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.check import check
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 
 SM90 = TARGETS["sm90"]
 

@@ -10,12 +10,12 @@ from triton.runtime.jit import JITFunction
 from tritonwarm.examples import thirdparty_ops as ops
 from tritonwarm.jit import TARGETS, fake_tensor
 from tritonwarm.jit.adopt.winners import probe_winners
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import SpecError, load_specs
-from tritonwarm.jit.targets import target_device_answers, target_driver
-from tritonwarm.jit.trace import trace_call
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.targets import target_device_answers, target_driver
+from tritonwarm.jit.core.trace import trace_call
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import SpecError, load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = ops.__file__.replace(".py", ".yaml")
 
@@ -105,7 +105,7 @@ def test_launcher_field_and_kernel_alias(tmp_path):
 
 @pytest.mark.slow
 def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypatch):
-    from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+    from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 
     target = TARGETS["sm90"]
     x = fake_tensor((64, 1024), torch.bfloat16)  # a shape the spec names
@@ -130,7 +130,7 @@ def test_serving_monitor_sees_kernels_that_are_not_jitkernels(tmp_path, monkeypa
 
 def test_triton_and_torch_device_queries_answer_for_the_target():
     from triton.runtime import driver
-    from tritonwarm.jit.trace import Capture, tracing
+    from tritonwarm.jit.core.trace import Capture, tracing
 
     seen = {}
     for name in ("sm90", "gfx942"):

@@ -10,9 +10,9 @@ import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -194,7 +194,7 @@ def test_a_spec_that_is_not_utf8_names_the_file(tmp_path, capsys):
 
 
 def test_sass_of_a_damaged_cubin_says_so_in_one_line(cache, capsys):
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")

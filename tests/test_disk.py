@@ -5,11 +5,11 @@ import json
 import pytest
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
-from tritonwarm.jit.check import check
-from tritonwarm.jit.dispatch_record import write_record
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.core.dispatch_record import write_record
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.kernel import FakeLaunchSink, Launch, fake_launches
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import target_driver
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.kernel import FakeLaunchSink, Launch, fake_launches
+from tritonwarm.jit.core.targets import target_driver
+from tritonwarm.jit.pipeline.specs import load_specs
 
 SPECS = pathlib.Path(__file__).parent.parent / "warmup_specs"
 
@@ -97,8 +97,8 @@ def test_new_classes_go_through_triton(compile_cache_dir):
 @pytest.mark.parametrize("value,expected", [(1, -1), (16, 1), (17, 0), (-16, 1), (2**31, 3), (2**31 + 1, 2),
                                             (2**63, 5), (2**63 + 3, 4)])
 def test_int_classes_match_tritons(value, expected):
-    from tritonwarm.jit.dispatch import _classifier
-    from tritonwarm.jit.specialization import scalar_class
+    from tritonwarm.jit.core.dispatch import _classifier
+    from tritonwarm.jit.core.specialization import scalar_class
 
     code = _classifier((int,), [(True, True)])((value,))[0]
     assert code == expected
@@ -141,7 +141,7 @@ def test_memo_replays_the_kernel_triton_picks_per_input_key(compile_cache_dir, m
     """A memoized launch is bound once per input key (alignment and scalars included) to the kernel
     Triton's own path picked, and replays it with the same arguments Triton passed."""
     from tritonwarm.jit import JitKernel
-    from tritonwarm.jit import kernel as kernel_module
+    from tritonwarm.jit.core import kernel as kernel_module
     from tritonwarm.kernels.rms_norm import rms_norm_kernel
     from tritonwarm.launchers.rms_norm import rms_norm_launch
 
@@ -180,7 +180,7 @@ def test_memo_replays_the_kernel_triton_picks_per_input_key(compile_cache_dir, m
 @pytest.mark.slow
 def test_memo_leaves_alone_a_spec_that_makes_its_own_tensors(compile_cache_dir, monkeypatch):
     from tritonwarm.jit import JitKernel
-    from tritonwarm.jit import kernel as kernel_module
+    from tritonwarm.jit.core import kernel as kernel_module
     from tritonwarm.kernels.rms_norm import rms_norm_kernel
     from tritonwarm.launchers.rms_norm import rms_norm_launch
 
@@ -198,7 +198,7 @@ def test_memo_leaves_alone_a_spec_that_makes_its_own_tensors(compile_cache_dir, 
 
 
 def test_memo_keys_every_input_a_spec_may_read():
-    from tritonwarm.jit.dispatch import _input_keyer
+    from tritonwarm.jit.core.dispatch import _input_keyer
 
     x = torch.randn(4, 64)
     key = _input_keyer((torch.Tensor, float, type(None)))
@@ -213,7 +213,7 @@ def test_memo_keys_every_input_a_spec_may_read():
 def test_device_query_skips_torchs_python_layers(monkeypatch):
     """Triton 3.6's drivers answer ``torch.cuda.current_device`` (Python around one C call that lazy-inits
     itself); a launch asks the C call directly. Any other driver query is used as it is."""
-    from tritonwarm.jit import dispatch
+    from tritonwarm.jit.core import dispatch
 
     def c_query():
         return 3

@@ -199,7 +199,7 @@ def _leaf(parser: argparse.ArgumentParser, words: list[str]) -> tuple[argparse.A
 
 
 def _check_targets(namespace) -> str:
-    from tritonwarm.jit.targets import resolve_targets
+    from tritonwarm.jit.core.targets import resolve_targets
 
     value = getattr(namespace, "target", None)
     if not value or value == "local" or not re.fullmatch(r"[a-z0-9,]+", value):  # T, T[,T...]: placeholders

@@ -107,7 +107,7 @@ def test_the_warm_up_plan_of_each_format_holds_its_kernels(target):
 @pytest.mark.slow
 def test_a_warmed_quantized_engine_serves_with_no_compile(tmp_path):
     """Warm the plan of a fp8_ds_mla engine for sm90, then a dry run under --jit-policy error: nothing missing."""
-    from tritonwarm.jit.warmup import warm
+    from tritonwarm.jit.pipeline.warmup import warm
 
     config = _config("fp8_ds_mla")
     result = warm(engine_plan(config, "sm90"), tmp_path)

@@ -13,8 +13,8 @@ from tritonwarm.engine.plan import check_trace, engine_plan, format_trace_report
 from tritonwarm.engine.runner import make_workload, serve
 from tritonwarm.engine.scheduler import Request
 from tritonwarm.jit import TARGETS, JitKernel, Launch
-from tritonwarm.jit.monitor import JitPolicyError
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.monitor import JitPolicyError
 from tritonwarm.kernels.rms_norm import rms_norm_kernel
 from tritonwarm.launchers.fused_moe import load_tile_table, target_table_path
 from tritonwarm.launchers.moe_align import align_path
@@ -191,7 +191,7 @@ def test_jit_policy_error_refuses_a_cache_without_its_c_launchers(lite_cache, tm
     would run gcc on the first request: the engine refuses to start under ``error``."""
     import shutil
 
-    from tritonwarm.jit.c_launchers import builds_per_signature
+    from tritonwarm.jit.serving.c_launchers import builds_per_signature
 
     if not builds_per_signature("cuda"):
         pytest.skip("this Triton builds no C launcher per kernel signature")

@@ -14,10 +14,10 @@ from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.cache import env as env_module
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
     assert "libtriton" in text and "sm90" in text and "Python headers" in text
     stamp = env_module.ptxas_build(written["backends"]["sm90"])
     assert stamp is None or f" built {stamp['built']}: " in text  # which build of ptxas: it enters the key
-    from tritonwarm.jit.targets import local_target
+    from tritonwarm.jit.core.targets import local_target
 
     if local_target() is None:
         assert "GPU          none: warm for the serving GPU's target by name" in text
@@ -114,7 +114,8 @@ def test_env_command_prints_and_writes_the_fingerprint(tmp_path, capsys):
 
 def test_env_names_the_target_of_this_machines_gpu(monkeypatch, capsys):
     import torch
-    from tritonwarm.jit import TARGETS, targets
+    from tritonwarm.jit import TARGETS
+    from tritonwarm.jit.core import targets
 
     monkeypatch.setattr(targets, "local_target", lambda: TARGETS["sm90"])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H200")

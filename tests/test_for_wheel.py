@@ -15,14 +15,14 @@ import triton
 from triton.runtime import cache as triton_cache
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.c_launchers import builds_c_modules
 from tritonwarm.jit.cache import Manifest
 from tritonwarm.jit.cache.env import fingerprint, fingerprint_id, libtriton_path, ptxas_build
 from tritonwarm.jit.cache.serving import fingerprint_from_wheel, load_fingerprint, serving_environment
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.c_launchers import builds_c_modules
 
 SERVING_LIBTRITON = b"\x7fELF libtriton of another Python's wheel"
 SERVING_EXT_SUFFIX = ".cpython-312-x86_64-linux-gnu.so"  # the serving Python of these fixtures: 3.12

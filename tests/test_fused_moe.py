@@ -1,6 +1,7 @@
 """The fused MoE expert GEMM in Triton's interpreter against its PyTorch reference; the tile table
 as data (selection, errors, the warm-up spec covering every entry); the custom op."""
 
+import dataclasses
 import importlib
 import json
 from pathlib import Path
@@ -9,12 +10,12 @@ import pytest
 import torch
 import yaml
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.kernel import fake_launches
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import target_driver
-from tritonwarm.jit.trace import Capture
+from tritonwarm.jit.core.kernel import fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.targets import target_driver
+from tritonwarm.jit.core.trace import Capture
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.fused_moe import fused_moe_mxfp4_reference, fused_moe_nvfp4_reference, fused_moe_reference
 from tritonwarm.launchers.fp4 import mxfp4_quantize, nvfp4_quantize
 from tritonwarm.launchers.fused_moe import (
@@ -22,6 +23,7 @@ from tritonwarm.launchers.fused_moe import (
     TileConfig,
     TileTable,
     active_tile_table,
+    fitted_moe_tile,
     fused_moe,
     fused_moe_mxfp4,
     fused_moe_nvfp4,
@@ -126,19 +128,47 @@ def test_warmup_spec_names_every_key_of_every_table():
 @pytest.mark.parametrize("target_name, table_file", [("sm90", "sm90.json"), ("gfx942", "default.json")])
 def test_each_target_warms_exactly_its_own_table(target_name, table_file):
     assert target_table_path(target_name).name == table_file
-    table = load_tile_table(CONFIG_DIR / table_file)
+    tables = {fmt: load_tile_table(target_table_path(target_name, fmt)) for fmt in ("bf16", "mxfp4", "nvfp4")}
     the_plan = plan(load_specs([SPEC]), TARGETS[target_name])
     assert not the_plan.errors and not the_plan.unreachable
     gemm = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_kernel")]
+    dense = [v for v in gemm if v.args["MXFP4_B"] == "=False"]
+    mxfp4 = [v for v in gemm if v.args["MXFP4_B"] == "=True"]
     nvfp4 = [v for v in the_plan.variants.values() if v.kernel.endswith("fused_moe_nvfp4_kernel")]
-    assert _warmed_configs(gemm) == set(table.configs)
-    # gate/up and down for each distinct entry, for each weight format; NVFP4 on NVIDIA targets only
-    assert len(gemm) == 2 * 2 * len(set(table.configs))
-    if TARGETS[target_name].is_nvidia:
-        assert _warmed_configs(nvfp4) == set(table.configs) and len(nvfp4) == 2 * len(set(table.configs))
-    else:
+    target = TARGETS[target_name]
+
+    def fitted(fmt, weight):  # each entry of the format's table as the launcher fits it to the target (bf16)
+        return {fitted_moe_tile(c if weight != "mxfp4" or c.block_k >= 32 else dataclasses.replace(c, block_k=32),
+                                2, weight, target) for c in tables[fmt].configs}
+
+    if target_name == "gfx942":  # default.json's 4-stage tiles need more than its 64 KB of LDS
+        assert fitted("bf16", "dense") != set(tables["bf16"].configs)
+    # gate/up and down for each distinct fitted entry of each format's table; NVFP4 on NVIDIA targets only
+    formats = (("bf16", "dense", dense), ("mxfp4", "mxfp4", mxfp4))
+    for fmt, weight, variants in formats + ((("nvfp4", "nvfp4", nvfp4),) if target.is_nvidia else ()):
+        assert _warmed_configs(variants) == fitted(fmt, weight), fmt
+        assert len(variants) == 2 * len(fitted(fmt, weight)), fmt
+    if not target.is_nvidia:
         assert nvfp4 == []
-    assert sum(v.args["MXFP4_B"] == "=True" for v in gemm) == 2 * len(set(table.configs))
+
+
+def test_fp4_formats_read_their_own_table_where_one_was_measured(tmp_path, monkeypatch):
+    module = importlib.import_module("tritonwarm.launchers.fused_moe")
+    monkeypatch.setattr(module, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(module, "DEFAULT_CONFIGS", tmp_path / "default.json")
+    entry = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+             "num_stages": 3}
+    for name in ("default", "sm90", "sm90_nvfp4"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"1": entry}))
+    assert target_table_path("sm90", "nvfp4").name == "sm90_nvfp4.json"
+    assert target_table_path("sm90", "mxfp4").name == "sm90.json"  # none measured: the dense one
+    assert target_table_path("sm90").name == "sm90.json"
+    assert target_table_path("sm100", "nvfp4").name == "default.json"
+    (tmp_path / "sm90_nvfp4.json").write_text(json.dumps({"1": {**entry, "BLOCK_SIZE_N": 128}}))
+    load_tile_table.cache_clear()
+    with target_driver(TARGETS["sm90"]):
+        assert active_tile_table("nvfp4").configs == (TileConfig(16, 128, 128, 1, 4, 3),)
+        assert active_tile_table("mxfp4").configs == (TileConfig(16, 64, 128, 1, 4, 3),)
 
 
 def test_the_active_table_follows_the_driver_target(tmp_path, monkeypatch):
@@ -319,3 +349,64 @@ def test_opcheck():
     # the schema check compares inputs with allclose, which has no float8 kernel on the CPU
     checks = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
     torch.library.opcheck(nvfp4_op, (x, gp, gs, gg, dp, ds, dg, w, ids), test_utils=checks)
+
+
+def _bf16(bits) -> torch.Tensor:
+    return torch.as_tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def test_the_bf16_decode_is_exact_for_every_code_and_scale():
+    """The arithmetic of the NVIDIA decode (``BF16_BITS``), which Triton's interpreter cannot run (it
+    flushes bf16 subnormals): a nibble's bit pattern times the scales built from a scale byte, in
+    bf16 with subnormals kept (as NVIDIA's bf16 multiply and torch's CPU bf16 both do), equals the
+    dequantized value, for all 16 codes and every scale byte."""
+    codes = torch.arange(16, dtype=torch.int32)
+    nibble = _bf16(((codes & 8) << 12) | ((codes & 7) << 6))[:, None]  # what _fp4_planes leaves per half
+    e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)[codes & 7]
+    e2m1 = torch.where(codes >= 8, -e2m1, e2m1)[:, None]
+    # MXFP4: every E8M0 byte, 2**(min(e, 128) - 1) then 2**(max(e, 128) - 128), NaN for 0xFF
+    e = torch.arange(256, dtype=torch.int32)
+    scale = _bf16((torch.clamp(e, max=128) + 126) << 7)
+    scale2 = _bf16(torch.where(e == 255, 0x7FC0, (torch.clamp(e, min=128) - 1) << 7))
+    got = nibble * scale[None, :] * scale2[None, :]
+    want = (e2m1 * torch.pow(2.0, (e - 127).double())[None, :]).to(torch.bfloat16)
+    want[:, 255] = float("nan")
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    # NVFP4: every E4M3 byte, its bits in bf16 times 2**119 twice; the tile is e2m1 * e4m3 * 2**-8
+    c = torch.arange(256, dtype=torch.int32)
+    e4m3 = ((c & 0x80) << 8) | ((c & 0x7F) << 4)
+    scale = _bf16(e4m3) * _bf16(246 << 7) * _bf16(246 << 7)
+    scale = torch.where((c & 0x7F) == 0x7F, float("nan"), scale.float()).to(torch.bfloat16)
+    got = nibble * scale[None, :]
+    want = (e2m1 * c.to(torch.uint8).view(torch.float8_e4m3fn).double()[None, :] / 256).to(torch.bfloat16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_decode_is_exact_against_dense_weights_on_every_code(fmt):
+    """One expert, weights that use every FP4 code under scales 2**-6 .. 2**6 apart; token t is the
+    one-hot row t, so each gate/up output is one decoded weight, exact (fp32 activations): what
+    differs from the reference is only SiLU's rounding (another formula), far below one FP4 step."""
+    g = torch.Generator().manual_seed(30)
+    hidden, inter = 32, 32
+    magnitudes = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    values = magnitudes[torch.randint(0, 8, (1, 2 * inter, hidden), generator=g)]
+    values = values * torch.where(torch.rand(values.shape, generator=g) < 0.5, -1.0, 1.0)
+    block = 32 if fmt == "mxfp4" else 16
+    exps = torch.randint(-6, 7, (1, 2 * inter, hidden // block), generator=g).float()
+    w_gate_up = values * torch.pow(2.0, exps).repeat_interleave(block, dim=2)
+    w_down = torch.randn(1, hidden, inter, generator=g)
+    x = torch.zeros(hidden, hidden)
+    x[torch.arange(hidden), torch.arange(hidden)] = 1.0  # token t selects column t of each weight row
+    ids = torch.zeros(hidden, 1, dtype=torch.int32)
+    weights = torch.ones(hidden, 1)
+    if fmt == "mxfp4":
+        inputs = (x, *mxfp4_quantize(w_gate_up), *mxfp4_quantize(w_down), weights, ids)
+        got, want = fused_moe_mxfp4(*inputs, tile_table=SMALL), fused_moe_mxfp4_reference(*inputs)
+    else:
+        gs = torch.ones(1)
+        inputs = (x, *nvfp4_quantize(w_gate_up[0], gs[0]), gs, *nvfp4_quantize(w_down[0], gs[0]), gs, weights, ids)
+        inputs = (inputs[0], inputs[1][None], inputs[2][None], inputs[3], inputs[4][None], inputs[5][None],
+                  *inputs[6:])
+        got, want = fused_moe_nvfp4(*inputs, tile_table=SMALL), fused_moe_nvfp4_reference(*inputs)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=2e-4)

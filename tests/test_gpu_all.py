@@ -36,3 +36,16 @@ def test_without_a_budget_every_named_step_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.index("== fp4: exit 0") < proc.stdout.index("== align: exit 0")
     assert "unknown step nope" in proc.stdout
+
+
+def test_the_kv_formats_and_host_floor_steps_run_their_benchmarks(tmp_path):
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\necho "ran: $*"\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(SCRIPT), str(out), "kvformats", "hostfloor"],
+                          env={**os.environ, "PYTHON": str(python), "KVFORMATS_TILES": "5"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "== hostfloor: exit 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "bench/kv_formats.py --tiles 5 --budget 90 --json" in (out / "kvformats.log").read_text()
+    assert "bench/host_floor.py --json" in (out / "hostfloor.log").read_text()

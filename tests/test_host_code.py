@@ -18,10 +18,10 @@ import torch
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.adopt.play_server import playing_server
 from tritonwarm.jit.adopt.winners import pin_winners, probe_winners
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import SpecError, load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import SpecError, load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 LIBS = Path(__file__).parent / "host_code_libs"
 BOTH = ["sm90", "gfx942"]
@@ -278,8 +278,8 @@ def test_what_host_code_sees_of_tensors_and_the_device(target_name):
     from triton.backends.amd.compiler import HIPBackend
     from triton.runtime import driver
     from tritonwarm.jit.adopt.imports import target_answers
-    from tritonwarm.jit.adopt.server_tensors import ServerTensor, backing_device, server_tensors
-    from tritonwarm.jit.specialization import fake_tensor
+    from tritonwarm.jit.core.server_tensors import ServerTensor, backing_device, server_tensors
+    from tritonwarm.jit.core.specialization import fake_tensor
 
     target = TARGETS[target_name]
     before = torch.cuda.is_available, torch.version.hip
@@ -340,9 +340,9 @@ def test_server_tensors_get_the_keys_real_tensors_get(target_name):
     import triton
     import triton.language as tl
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from tritonwarm.jit.adopt.server_tensors import ServerTensor, plain
-    from tritonwarm.jit.specialization import cpu_twin, fake_tensor
-    from tritonwarm.jit.trace import Capture, tracing
+    from tritonwarm.jit.core.server_tensors import ServerTensor, plain
+    from tritonwarm.jit.core.specialization import cpu_twin, fake_tensor
+    from tritonwarm.jit.core.trace import Capture, tracing
 
     @triton.jit
     def copy_kernel(x_ptr, n, BLOCK: tl.constexpr):
@@ -375,7 +375,7 @@ def test_server_tensors_get_the_keys_real_tensors_get(target_name):
 
 
 def test_values_from_an_expression_and_nested_lists_keep_the_layout(tmp_path):
-    from tritonwarm.jit.adopt.server_tensors import ServerTensor, plain
+    from tritonwarm.jit.core.server_tensors import ServerTensor, plain
 
     spec = tmp_path / "v.yaml"
     spec.write_text("""

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.specs import load_specs
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -36,7 +36,7 @@ def specs(tmp_path):
 def test_trace_rows_credits_launches_to_rows_and_reports_failures_and_empty_rows():
     import torch
     from tritonwarm.jit import fake_tensor
-    from tritonwarm.jit.plan import trace_rows
+    from tritonwarm.jit.pipeline.plan import trace_rows
     from tritonwarm.launchers.rms_norm import rms_norm
 
     def boom():
@@ -56,8 +56,8 @@ def test_trace_rows_credits_launches_to_rows_and_reports_failures_and_empty_rows
 
 @pytest.mark.slow
 def test_tracing_in_worker_processes_gives_the_serial_plan(specs):
-    from tritonwarm.jit.plan import plan_targets
-    from tritonwarm.jit.pool import worker_pool
+    from tritonwarm.jit.pipeline.plan import plan_targets
+    from tritonwarm.jit.pipeline.pool import worker_pool
 
     targets = [TARGETS["sm90"], TARGETS["gfx942"]]
     serial = plan_targets(specs, targets)
@@ -70,7 +70,7 @@ def test_tracing_in_worker_processes_gives_the_serial_plan(specs):
 
 def test_manifests_without_entry_dir_still_read(tmp_path):
     from tritonwarm.jit.cache import Manifest, entry_dir_name
-    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.pipeline.plan import plan
 
     the_plan = plan(load_specs([_write(tmp_path, SILU)]), TARGETS["sm90"], verify_collapse=False)
     variant = next(iter(the_plan.variants.values()))
@@ -83,7 +83,7 @@ def test_manifests_without_entry_dir_still_read(tmp_path):
 
 
 def test_an_expression_error_names_what_was_written_not_a_class():
-    from tritonwarm.jit.specs import Expr, SpecError
+    from tritonwarm.jit.pipeline.specs import Expr, SpecError
 
     where = SpecError("s.yaml", 3, "args.n", "")
     for text, words in [("a.b", "attribute access (a.b)"), ("x[0]", "indexing (a[i])"), ("1 << 3", "<<"),

@@ -5,8 +5,8 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor, trace_call
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.kv_block_zero import kv_block_zero_reference
 from tritonwarm.launchers.kv_block_zero import kv_block_zero
 from tritonwarm.launchers.kv_cache import KVCacheLayout

@@ -14,12 +14,12 @@ import torch
 from tritonwarm.engine.plan import check_trace
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_path
-from tritonwarm.jit.check import check
-from tritonwarm.jit.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers.rms_norm import rms_norm
 
 FP16_ONLY = """
@@ -230,7 +230,7 @@ def test_check_names_a_kernel_whose_code_is_not_the_code_that_warmed_the_cache(c
 DRY_RUN = """
 import torch
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from edited_launchers import add_const_launcher
 
 try:
@@ -305,3 +305,53 @@ def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp
                   rc=0, env=env).stdout
     assert "sm90: ok: 1 variant planned from " in out and ", 0 missing" in out
     assert "runtime:" not in out and "note: Triton" not in out
+
+
+def test_a_variant_whose_compile_failed_is_named_as_failed_with_its_error_row_and_module(tmp_path, run_cli):
+    """The warm-up names the row, the kernel and its module; ``check`` then says the compile failed and
+    why, one line for the kernel and error with its count, not that a class was not warmed."""
+    name = f"fails_to_compile_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text("""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK <= 128, "BLOCK over 128")
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def copy(x, block):
+    copy_kernel[(1,)](x, x.numel(), BLOCK=block)
+""")
+    spec = tmp_path / "blocks.yaml"
+    spec.write_text(f"""
+launcher: {name}:copy
+capture: all
+axes:
+  block: [64, 256, 512]
+args:
+  x: {{tensor: [1000], dtype: float32}}
+  block: $block
+""")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    cache = tmp_path / "cache"
+    warmed = run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=env)
+    failures = [line for line in warmed.stderr.splitlines() if line.startswith("problem: ")]
+    assert len(failures) == 2 and all(f"{name}.copy_kernel" in line and "BLOCK over 128" in line for line in failures)
+    assert {line.split(": ")[1] for line in failures} == {"blocks.yaml#1 (block=256)", "blocks.yaml#2 (block=512)"}
+
+    checked = json.loads(run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, "--json", rc=1,
+                                 env=env).stdout)["targets"][0]
+    assert [m["cause"] for m in checked["missing"]] == ["compile failed"] * 2
+    reason = "2 planned variants are missing: the warm-up could not compile them, first blocks.yaml#1 (block=256): "
+    assert len(checked["reasons"]) == 1 and reason in checked["reasons"][0]
+    assert checked["reasons"][0].endswith("BLOCK over 128")
+    said = run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, rc=1, env=env).stdout
+    assert "missing: 2 (compile failed)" in said and "other class" not in said
+
+    (tmp_path / f"{name}.py").write_text((tmp_path / f"{name}.py").read_text().replace("<= 128", "<= 512"))
+    run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
+    assert run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, "--json", rc=0, env=env)

@@ -10,13 +10,15 @@ import torch
 import triton
 import triton.language as tl
 from tritonwarm.jit import TARGETS, JitKernel, Launch
-from tritonwarm.jit.kernel import fake_launches
-from tritonwarm.jit.specialization import cpu_twin
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.trace import Capture
-from tritonwarm.kernels.fp4 import nvfp4_quantize_reference
+from tritonwarm.jit.core.kernel import fake_launches
+from tritonwarm.jit.core.specialization import cpu_twin
+from tritonwarm.jit.core.trace import Capture
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.kernels.fp4 import _unpack_reference, nvfp4_quantize_reference
 from tritonwarm.kernels.mla_kv_quant import (
     _dequantized_latent,
+    _entry_fields,
+    _key_f16,
     mla_kv_dequantize_reference,
     mla_kv_quantize_reference,
     mla_kv_write_reference,
@@ -221,11 +223,67 @@ def test_the_decode_kernels_dequantization_matches_the_reference_bit_for_bit(nam
     assert (rel <= (1 / 16 if name == "fp8_ds_mla" else 0.5)).all(), rel
 
 
+@triton.jit
+def _key_tile_kernel(cache_ptr, k_ptr, column_ptr, KV_FORMAT: tl.constexpr, ENTRY_BYTES: tl.constexpr,
+                     LATENT_DIM: tl.constexpr, SCALE_OFFSET: tl.constexpr, GLOBAL_SCALE_OFFSET: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    n = tl.arange(0, BLOCK_N)
+    codes, scales, global_scale, _ = _entry_fields(cache_ptr + n[:, None].to(tl.int64) * ENTRY_BYTES,
+                                                   n[:, None] < BLOCK_N, KV_FORMAT, LATENT_DIM, SCALE_OFFSET,
+                                                   GLOBAL_SCALE_OFFSET, 0, 1, 16)
+    k, column = _key_f16(codes, scales, global_scale, KV_FORMAT, LATENT_DIM, BLOCK_N)
+    tl.store(k_ptr + n[:, None] * LATENT_DIM + tl.arange(0, LATENT_DIM)[None, :], k)
+    tl.store(column_ptr + n, column)
+
+
+_key_tile = JitKernel(_key_tile_kernel, lambda entries, k, column, fmt: Launch(
+    grid=(1,), args=(entries, k, column),
+    constexprs=dict(KV_FORMAT=fmt.name, ENTRY_BYTES=fmt.entry_bytes, LATENT_DIM=fmt.kv_lora_rank,
+                    SCALE_OFFSET=fmt.scale_offset, GLOBAL_SCALE_OFFSET=max(fmt.global_scale_offset, 0),
+                    BLOCK_N=entries.shape[0])))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_f16_key_tile_times_its_column_factor_is_the_dequantized_latent(name):
+    """The fast decode's key tile: nvfp4 ``e2m1 * block scale * 2**-14`` exactly in f16 (in paired
+    order: codes 0, 4, 1, 5, 2, 6, 3, 7 of each 8) and ``1 / global scale`` per token; fp8 ``code *
+    (scale / S)`` rounded once to f16 and S, the token's largest scale."""
+    latent = _special_latent(128)
+    fmt, entries = _write(name, latent, torch.zeros(latent.shape[0], 16))
+    entries = torch.cat([entries, torch.zeros(16 - entries.shape[0], fmt.entry_bytes, dtype=torch.uint8)])
+    k, column = torch.empty(16, 128, dtype=torch.float16), torch.empty(16)
+    _key_tile(entries.contiguous(), k, column, fmt)
+    fields = fmt.fields()
+    expected = mla_kv_dequantize_reference(entries, fmt)[:, :128]
+    if name == "nvfp4_ds_mla":
+        values = _unpack_reference(entries[:, slice(*fields["latent"])]).float()
+        block_scale = entries[:, slice(*fields["scales"])].contiguous().view(torch.float8_e4m3fn).float()
+        exact = values * block_scale.repeat_interleave(16, dim=1) * 2.0**-14
+        gs = entries[:, slice(*fields["global_scale"])].contiguous().view(torch.float32)[:, 0]
+        # f16 holds every product. (A non-finite token's scale code 0x7F is NaN on a GPU; Triton's
+        # interpreter decodes E4M3 0x7F as 480. Its 1 / NaN global scale makes the token NaN either way.)
+        j = torch.arange(128)
+        paired = (j & ~7) | ((j >> 1) & 3) | ((j & 1) << 2)  # the latent dimension at each column
+        assert torch.equal(k.float()[~gs.isnan()], exact[:, paired][~gs.isnan()])
+        torch.testing.assert_close(column, torch.where(gs == 0, 0.0, 1.0 / torch.where(gs == 0, 1.0, gs)),
+                                   rtol=2**-22, atol=0, equal_nan=True)
+        dequantized = torch.empty(16, 128)
+        dequantized[:, paired] = k.float() * (column[:, None] * 16384.0)
+    else:
+        dequantized = k.float() * column[:, None]
+    assert torch.equal(dequantized.isnan(), expected.isnan())
+    finite = ~expected.isnan()
+    row_amax = expected.nan_to_num(0).abs().amax(dim=1, keepdim=True)
+    bound = (2.0**-10 if name == "fp8_ds_mla" else 2.0**-20) * row_amax
+    assert ((dequantized - expected).abs() <= bound)[finite].all()
+    assert not dequantized[-1].any()  # the zero entry
+
+
 # --------------------------------------------------------------------------- decode attention
 
-# The reference attends over the same dequantized keys (rounded to q's dtype, as the kernel rounds
-# its tile); what remains is summation order, and bf16 probabilities into the value dot.
-TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
+# The reference attends over the same dequantized keys, unrounded; what remains is summation order, q
+# and the probabilities as f16 into the MMAs (bf16 q: exactly), and the output's rounding.
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2, torch.float16: 4e-3}
 
 
 def _filled_cache(name, lengths, block_size=16, rank=128, rope=16, seed=0):
@@ -249,20 +307,67 @@ def _filled_cache(name, lengths, block_size=16, rank=128, rope=16, seed=0):
 
 
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dtype):
+@pytest.mark.parametrize("dtype, block_size", [(torch.float32, 16), (torch.bfloat16, 16), (torch.bfloat16, 8),
+                                               (torch.float16, 16)])
+def test_decode_attention_within_tolerance_of_the_dequantized_reference(name, dtype, block_size):
+    """16-token pages hold whole tiles (one block id a tile); 8-token pages make a tile span pages."""
     lengths = [0, 5, 37]  # an empty request, one partial tile, several tiles over three blocks
-    fmt, cache, table = _filled_cache(name, lengths)
+    fmt, cache, table = _filled_cache(name, lengths, block_size=block_size)
     q = torch.randn(len(lengths), 4, fmt.key_dim).to(dtype)
     seq_lens = torch.tensor(lengths, dtype=torch.int32)
     out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
-    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
     assert out.dtype == dtype and out.shape == (3, 4, 128)
     torch.testing.assert_close(out, expected, atol=TOL[dtype], rtol=TOL[dtype])
     assert not out[0].any()
-    metadata = quantized_mla_decode_metadata(seq_lens, table, 4, 16, name)
+    metadata = quantized_mla_decode_metadata(seq_lens, table, 4, block_size, name)
     assert metadata[0] is None and metadata[1].shape == (4,)
     assert torch.equal(quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, 128, metadata), out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_attention_at_deepseek_geometry(name):
+    """512 + 64 on 64-token pages: four fp8 scale tiles a token, 64 nvfp4 code words in paired order."""
+    fmt, cache, table = _filled_cache(name, [70, 3], block_size=64, rank=512, rope=64, seed=11)
+    q = torch.randn(2, 16, fmt.key_dim).to(torch.bfloat16)
+    seq_lens = torch.tensor([70, 3], dtype=torch.int32)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.07, name, 512)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.07, fmt, round_keys=False)
+    torch.testing.assert_close(out, expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_attention_over_heads_of_any_magnitude_and_zeroed_slots(name):
+    """bf16 q runs as f16 scaled per head by a power of two: heads from 2**-60 to 2**20 keep their
+    accuracy; a request over a never-written block (all-zero entries: zero keys) matches too."""
+    fmt, cache, table = _filled_cache(name, [20, 30], seed=3)
+    zero_block = cache.shape[0] - 1  # _filled_cache leaves two blocks unused
+    assert not cache[zero_block].any()
+    table = torch.cat([table, torch.full((1, table.shape[1]), zero_block, dtype=torch.int32)])
+    table[2, 0] = table[0, 0]  # its first block written, the next one all zeros
+    seq_lens = torch.tensor([20, 30, 32], dtype=torch.int32)
+    q = torch.randn(3, 4, fmt.key_dim) * torch.tensor([2.0**-60, 1.0, 2.0**20, 2.0**-8])[None, :, None]
+    q = q.to(torch.bfloat16)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
+    torch.testing.assert_close(out, expected, atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_non_finite_token_makes_its_request_nan_and_no_other(name, dtype):
+    fmt, cache, table = _filled_cache(name, [9, 9], seed=5)
+    latent = torch.randn(1, 128)
+    latent[0, 3] = float("inf")
+    slot = int(table[1, 0]) * 16 + 4
+    mla_kv_cache_write(cache, torch.tensor([slot]), latent, torch.randn(1, 16), name)
+    q = torch.randn(2, 4, fmt.key_dim).to(dtype)
+    seq_lens = torch.tensor([9, 9], dtype=torch.int32)
+    out = quantized_mla_decode_attention(q, cache, table, seq_lens, 0.1, name, fmt.kv_lora_rank)
+    expected = quantized_mla_decode_attention_reference(q, cache, table, seq_lens, 0.1, fmt, round_keys=False)
+    assert out[1].isnan().all() and expected[1].isnan().all()
+    torch.testing.assert_close(out[0], expected[0], atol=TOL[dtype], rtol=TOL[dtype])
 
 
 def test_bad_inputs_are_named():
@@ -355,7 +460,7 @@ def test_the_shipped_kv_block_zero_rows_cover_every_formats_cache(target_name):
     """One uint8 kv_block_zero row stands for the set: each format's real per-layer cache launches a
     variant the shipped specs plan."""
     from tritonwarm.jit import fake_tensor, trace_call
-    from tritonwarm.jit.plan import plan
+    from tritonwarm.jit.pipeline.plan import plan
 
     target = TARGETS[target_name]
     planned = set(plan([s for s in load_specs([SPEC_DIR]) if "kv_block_zero" in s.kernel_path], target).variants)
@@ -388,6 +493,42 @@ def test_spec_rows_warm_the_keys_real_tensors_get(target_name):
     assert rows >= 10
 
 
+# --------------------------------------------------------------------------- declared tiles
+
+
+def test_the_shipped_tile_table_parses_and_names_a_bad_entry():
+    from tritonwarm.launchers.mla_kv_quant import TILES_FILE, load_quantized_tiles, parse_quantized_tiles
+
+    table = load_quantized_tiles()
+    assert {"default", "cuda", "cuda:90", "hip"} <= set(table)
+    assert all(set(entry) == set(QUANTIZED_DS_MLA_FORMATS) for entry in table.values())
+    import json
+
+    data = json.loads(TILES_FILE.read_text())
+    data["cuda:90"]["nvfp4_ds_mla"]["block_n"] = 48
+    with pytest.raises(ValueError, match=r"cuda:90\.nvfp4_ds_mla\.block_n: invalid value 48"):
+        parse_quantized_tiles(data, "t.json")
+    data["cuda:90"]["nvfp4_ds_mla"]["block_n"] = 64
+    del data["hip"]["fp8_ds_mla"]
+    with pytest.raises(ValueError, match="hip: needs exactly the formats"):
+        parse_quantized_tiles(data, "t.json")
+
+
+@pytest.mark.parametrize("target_name, block_n, barrier, fp8_cvt", [
+    ("sm90", 64, True, True), ("sm80", 32, True, False), ("sm120", 32, True, True), ("gfx942", 16, False, True)])
+def test_each_target_launches_its_declared_tiles(target_name, block_n, barrier, fp8_cvt):
+    """The sm90 entry, NVIDIA's backend entry (E4M3 by integer ops before sm89), AMD's; the opaque
+    copy of the key tile is NVIDIA's only."""
+    from tritonwarm.jit import fake_tensor, trace_call
+
+    args = (fake_tensor((8, 16, 576), torch.bfloat16), fake_tensor((4096, 64, 1, 432), torch.uint8),
+            fake_tensor((8, 2048), torch.int32), fake_tensor((8,), torch.int32), 0.07, "nvfp4_ds_mla", 512)
+    variants = trace_call(TARGETS[target_name], quantized_mla_decode_attention, *args)
+    [split] = [v for v in variants if "split" in v.kernel]
+    assert (split.args["BLOCK_N"], split.args["KEY_BARRIER"], split.args["FP8_CVT"]) == \
+        (f"={block_n}", f"={barrier}", f"={fp8_cvt}")
+
+
 # --------------------------------------------------------------------------- benchmark
 
 
@@ -404,7 +545,7 @@ def test_gpu_all_runs_the_kv_formats_step(tmp_path):
     proc = subprocess.run(["bash", str(BENCH / "gpu_all.sh"), str(tmp_path / "out"), "kvformats"],
                           env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "== kvformats: exit 0" in proc.stdout, proc.stdout + proc.stderr
-    assert "bench/kv_formats.py --json" in (tmp_path / "out" / "kvformats.log").read_text()
+    assert "bench/kv_formats.py --tiles 3 --budget 90 --json" in (tmp_path / "out" / "kvformats.log").read_text()
     assert "kvformats" in (BENCH / "gpu_all.sh").read_text().split("steps=(env", 1)[1].split(")", 1)[0]
 
 
@@ -415,19 +556,21 @@ def test_the_benchmark_runs_each_format_on_the_cpu():
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(BENCH / "kv_formats.py")], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, str(BENCH / "kv_formats.py"), "--tiles", "2"], capture_output=True,
+                          text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("auto", "fp8_ds_mla", "nvfp4_ds_mla"):
         assert f"{name}: decode and write ran on the CPU" in proc.stdout
+    assert "tile candidates: 4 ran on the CPU (interpreter) and matched the shipped settings, 0 failed" in proc.stdout
 
 
 @pytest.mark.slow
 def test_the_spec_rows_compile_and_check_for_sm100(tmp_path):
     """sm90 and gfx942 compile every shipped row in tests/test_shipped_specs.py; Blackwell here."""
-    from tritonwarm.jit.check import check
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.warmup import warm
+    from tritonwarm.jit.pipeline.check import check
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.warmup import warm
 
     target = TARGETS["sm100"]
     the_plan = plan(_quantized_specs(), target)

@@ -5,8 +5,8 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor, trace_call
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.mla_metadata import mla_decode_metadata_reference
 from tritonwarm.launchers.mla_metadata import mla_decode_metadata, split_overhead_blocks
 

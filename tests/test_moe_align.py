@@ -173,7 +173,7 @@ def test_batch_size_only_picks_the_path(num_experts, top_k):
 
 
 def test_spec_file_covers_every_path():
-    from tritonwarm.jit import specs
+    from tritonwarm.jit.pipeline import specs
     path = Path(__file__).resolve().parents[1] / "warmup_specs" / "moe_align_block_size.yaml"
     variants = {}
     for spec in specs.load_spec_file(path):

@@ -183,7 +183,7 @@ def test_spec_combination_is_one_variant_for_every_batch(name, dtype):
 
 
 def test_spec_file_rows_trace():
-    from tritonwarm.jit import specs
+    from tritonwarm.jit.pipeline import specs
     path = Path(__file__).resolve().parents[1] / "warmup_specs" / "moe_topk_routing.yaml"
     variants = set()
     for spec in specs.load_spec_file(path):

@@ -7,10 +7,10 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor
-from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers import rms_norm
 
 SPEC = pathlib.Path(__file__).parent.parent / "warmup_specs" / "rms_norm.yaml"
@@ -67,8 +67,8 @@ def test_unknown_policy_is_rejected(tmp_path):
 def test_serving_hook_sees_tritons_own_compile_requests(warmed, tmp_path):
     """monitor.serving() watches JITFunction.run itself (driven here under the target-only driver,
     as a GPU process would drive it): hits on a warmed cache, a refusal before compiling on a cold one."""
-    from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     def launch(rows):
@@ -99,8 +99,8 @@ def test_a_monitor_never_judges_a_cache_triton_does_not_read(warmed, tmp_path, c
     """The warmed cache is not where Triton reads (TRITON_CACHE_DIR unset or elsewhere): Triton compiles
     every kernel while a look-up in the warmed cache would count hits. ``error`` refuses to serve;
     ``warn`` says so and counts what Triton does."""
-    from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     x = fake_tensor((3, 4096), torch.bfloat16)
@@ -122,8 +122,8 @@ def test_a_monitor_never_judges_a_cache_triton_does_not_read(warmed, tmp_path, c
 def test_always_compile_is_refused_and_counted(warmed, monkeypatch, caplog):
     """``TRITON_ALWAYS_COMPILE`` skips every cache hit without changing a key: only the monitor can
     tell that a warmed cache serves nothing. ``error`` refuses to serve; ``warn`` counts the compiles."""
-    from tritonwarm.jit.compile import triton_cache_dir
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
@@ -149,7 +149,7 @@ def test_torch_compile_moving_tritons_cache_while_serving_is_seen(tmp_path, monk
     from torch._inductor.runtime.hints import DeviceProperties
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from triton import Config, knobs
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     def launch(dtype):

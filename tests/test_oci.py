@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.c_launchers import builds_per_signature
 from tritonwarm.jit.cache import oci, signing
 from tritonwarm.jit.cache.bundle import BundleError, Limits
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.c_launchers import builds_per_signature
 
 if importlib.util.find_spec("cryptography") is None and os.environ.get("CI") != "true":
     pytest.skip("cryptography is not installed (pip install 'tritonwarm[sign]')", allow_module_level=True)

@@ -115,8 +115,8 @@ def test_rows_failing_alike_are_one_line_with_a_count_and_count_as_failed(tmp_pa
 
 def test_a_capture_all_launcher_with_a_wrong_argument_fails_its_rows_in_one_line(tmp_path):
     from tritonwarm.jit import TARGETS
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     path = write_spec(tmp_path, """\
         launcher: tritonwarm.examples.thirdparty_ops:mlp_block
@@ -267,8 +267,8 @@ def scale_rows(x):
 
 def test_an_unsound_collapse_names_where_the_variants_change_and_the_split(tmp_path):
     from tritonwarm.jit import TARGETS
-    from tritonwarm.jit.plan import plan
-    from tritonwarm.jit.specs import load_specs
+    from tritonwarm.jit.pipeline.plan import plan
+    from tritonwarm.jit.pipeline.specs import load_specs
 
     (tmp_path / "wide_rows_lib.py").write_text(WIDE_ROWS_MODULE)
     path = write_spec(tmp_path, """\
@@ -311,7 +311,7 @@ def test_an_unsound_collapse_names_where_the_variants_change_and_the_split(tmp_p
 def test_the_enumeration_limit_is_the_documented_one(tmp_path, capsys):
     from pathlib import Path
 
-    from tritonwarm.jit.specs import MAX_ENUMERATED_RANGE
+    from tritonwarm.jit.pipeline.specs import MAX_ENUMERATED_RANGE
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "specs.md").read_text()
     assert f"at most {MAX_ENUMERATED_RANGE:,} values" in page
@@ -460,7 +460,7 @@ def test_tracing_an_engine_config_alone_reads_as_words(tmp_path, capsys, monkeyp
     import tritonwarm.cli.common as common
 
     phases = []
-    monkeypatch.setattr("tritonwarm.jit.progress.set_phase", phases.append)
+    monkeypatch.setattr("tritonwarm.jit.pipeline.progress.set_phase", phases.append)
     args = main.__globals__["_parser"]().parse_args(["check", "--engine-config", "tiny", "--target", "sm90",
                                                      "--cache-dir", str(tmp_path)])
     common.prepare(args)

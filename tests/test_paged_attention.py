@@ -8,9 +8,9 @@ import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor, trace_call
 from tritonwarm.jit.cache.layout import entry_files
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.resources import resource_usage
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.resources import resource_usage
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.mla_metadata import mla_decode_metadata_reference
 from tritonwarm.kernels.paged_attention import paged_decode_attention_reference
 from tritonwarm.launchers.kv_cache import KVCacheLayout
@@ -359,7 +359,7 @@ def test_compiles_real_geometry(compile_call, compile_cache_dir, target, name):
     # static part alone (1 KB on sm90, whatever the stages take)
     usage = resource_usage(TARGETS[target], entry_files(compile_cache_dir, split.entry_dir, split.entry_name))
     assert binary.metadata.shared <= usage["shared"] <= binary.metadata.shared + 1024, usage
-    assert ("registers" in usage) == (target == "sm90")  # AMD: no offline register count
+    assert usage["registers"] > 0  # read offline: the cubin (cuobjdump), the hsaco's kernel descriptor
     if target == "sm90":
         for kernel_name in (split_name, "paged_decode_attention_combine_kernel"):
             with tempfile.TemporaryDirectory() as tmp:

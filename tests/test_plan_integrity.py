@@ -11,9 +11,9 @@ import sys
 import pytest
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, PlanStore
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 
 def tritonwarm(*args, rc=0, env=None):
@@ -139,14 +139,14 @@ def test_a_stored_plan_altered_by_hand_is_traced_again(tmp_path, dtypes_spec_fil
 
 
 def test_a_stored_plan_is_traced_again_when_a_kernel_source_key_changed(tmp_path, dtypes_spec_file, monkeypatch):
-    from tritonwarm.jit import plan as planning
+    from tritonwarm.jit.pipeline import plan as planning
 
     spec_file = dtypes_spec_file
     specs, target, cache = load_specs([spec_file]), TARGETS["sm90"], tmp_path / "cache"
     plan(specs, target, cache_dir=cache)
     [stored] = (cache / "tritonwarm" / "plans").glob("*.json")
     [(kernel, source_key)] = json.loads(stored.read_text())["kernels"].items()
-    from tritonwarm.jit.kernel import JitKernel
+    from tritonwarm.jit.core.kernel import JitKernel
 
     assert source_key == JitKernel.lookup(kernel).jit_function.cache_key
 
@@ -213,7 +213,7 @@ def test_prune_unplanned_keeps_what_a_bundle_installed(custom_kernel, tmp_path, 
 
 
 def test_environment_reads_are_recorded_per_block_and_the_environment_is_restored(monkeypatch):
-    from tritonwarm.jit.plan import environment_reads
+    from tritonwarm.jit.pipeline.plan import environment_reads
 
     monkeypatch.setenv("TW_TEST_SET", "1")
     before = type(os.environ).__getitem__

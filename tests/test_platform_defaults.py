@@ -11,7 +11,7 @@ from tritonwarm.engine import platform_defaults as pd
 from tritonwarm.engine.config import ENGINES, engine_config_from_dict
 from tritonwarm.engine.plan import engine_plan, representative_steps
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.targets import Target
+from tritonwarm.jit.core.targets import Target
 
 TINY = ENGINES["tiny"]
 WIDE = dataclasses.replace(TINY, max_batch_size=1024, max_num_tokens=1024)  # past every capture limit

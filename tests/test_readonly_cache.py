@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -78,7 +78,7 @@ def test_a_kernel_the_read_only_cache_lacks_fails_there_and_compiles_into_an_ove
     assert compile_counter.count == compiled + 1
 
     from tritonwarm.jit import fake_tensor
-    from tritonwarm.jit.monitor import DispatchMonitor
+    from tritonwarm.jit.serving.monitor import DispatchMonitor
     from tritonwarm.launchers.rms_norm import rms_norm
 
     x = fake_tensor((8, 4096), torch.float16)

@@ -11,10 +11,10 @@ from tritonwarm.examples import serve_prog
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.adopt.record import launch_row, replay
 from tritonwarm.jit.cache import entry_files
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.trace import capture
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.core.trace import capture
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 ROOT = Path(__file__).resolve().parent.parent
 

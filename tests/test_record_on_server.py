@@ -13,12 +13,12 @@ import pytest
 import torch
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.adopt.record import read_record, recording, write_plan
-from tritonwarm.jit.compile import triton_cache_dir
-from tritonwarm.jit.dispatch_record import write_record
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import TargetOnlyDriver, _TargetUtils
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.cache.triton_dir import triton_cache_dir
+from tritonwarm.jit.core.dispatch_record import write_record
+from tritonwarm.jit.core.targets import TargetOnlyDriver, _TargetUtils
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SM90 = TARGETS["sm90"]
 

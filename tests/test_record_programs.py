@@ -12,9 +12,9 @@ import torch
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.adopt.record import launch_row, replay
 from tritonwarm.jit.cache import entry_files
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.trace import capture
+from tritonwarm.jit.core.trace import capture
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 
 SM90 = TARGETS["sm90"]
 
@@ -206,7 +206,7 @@ def test_a_dry_run_writes_no_dispatch_record(tmp_path, run_cli):
 
 
 def test_import_roots_that_are_not_a_list_of_folders_are_named(tmp_path):
-    from tritonwarm.jit.specs import SpecError
+    from tritonwarm.jit.pipeline.specs import SpecError
 
     spec = tmp_path / "bad.yaml"
     spec.write_text("launcher: os.path:join\nimport_roots: lib\nargs: {}\n")

@@ -15,9 +15,9 @@ import time
 import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -477,7 +477,7 @@ SERVE = textwrap.dedent("""
     compiler.ASTSource.make_ir = counting
     import torch
     from tritonwarm.jit import TARGETS, fake_tensor
-    from tritonwarm.jit.targets import target_driver
+    from tritonwarm.jit.core.targets import target_driver
     from tritonwarm.launchers.rms_norm import rms_norm_jit, rms_norm_launch
 
     def launch(dtype, fused):
@@ -612,7 +612,7 @@ def test_the_monitor_counts_what_the_fleet_serves_as_hits(warmed, redis_server, 
     """A launch missing locally is no miss while Redis holds it: Triton's RedisCacheManager fetches it at
     the lookup the monitor judges, so the monitor fetches it first (under ``error`` it used to refuse)."""
     import torch
-    from tritonwarm.jit.monitor import DispatchMonitor, JitPolicyError
+    from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
     from tritonwarm.launchers.rms_norm import rms_norm
 
     x, weight = torch.empty(8, 4096, dtype=torch.bfloat16, device="meta"), torch.empty(4096, dtype=torch.bfloat16,
@@ -653,7 +653,7 @@ def test_an_engine_starts_on_a_fleet_server_with_an_empty_local_cache(redis_serv
 def test_check_counts_what_the_fleet_holds_as_served(warmed, redis_server, tmp_path, monkeypatch, capsys):
     """On a machine reading through Redis, an entry missing locally but intact in Redis is served (Triton
     fetches it at its first lookup): ``check`` says so, read-only, instead of failing on it."""
-    from tritonwarm.jit.check import check
+    from tritonwarm.jit.pipeline.check import check
 
     spec, _, the_plan = warmed
     _push(redis_server, warmed)

@@ -4,8 +4,8 @@ import pathlib
 import pytest
 import torch
 from tritonwarm.jit import TARGETS, fake_tensor
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.kernels.rotary import rotary_embedding_reference
 from tritonwarm.launchers.rotary import rotary_embedding
 

@@ -12,11 +12,11 @@ import triton.language as tl
 from triton import knobs
 from triton._C.libtriton import native_specialize_impl
 from tritonwarm.jit import TARGETS, JitKernel, Launch, trace_call
-from tritonwarm.jit.kernel import fake_launches
-from tritonwarm.jit.specialization import as_kernel_arg, cpu_twin, fake_tensor
-from tritonwarm.jit.specs import find_spec_files, load_specs
-from tritonwarm.jit.targets import target_driver
-from tritonwarm.jit.trace import Capture
+from tritonwarm.jit.core.kernel import fake_launches
+from tritonwarm.jit.core.specialization import as_kernel_arg, cpu_twin, fake_tensor
+from tritonwarm.jit.core.targets import target_driver
+from tritonwarm.jit.core.trace import Capture
+from tritonwarm.jit.pipeline.specs import find_spec_files, load_specs
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "warmup_specs"
 
@@ -81,7 +81,7 @@ def test_cpu_twin_keeps_layout_and_storage():
 
 def test_the_comparison_sees_a_fake_without_storage_size(shipped_specs, monkeypatch):
     """Control: fakes that carry only dtype and address (as before) warm other gfx keys, same sm90 keys."""
-    from tritonwarm.jit import kernel
+    from tritonwarm.jit.core import kernel
 
     class AddressOnly:
         def __init__(self, fake):
@@ -130,7 +130,7 @@ def test_preload_reads_a_dtype_named_string_back_as_a_dtype(tmp_path):
     under the same cache hash, which the runtime would load."""
     from triton.compiler import ASTSource
     from triton.compiler import compile as triton_compile
-    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 
     request = _compile_request("bf16")
     target = TARGETS["sm90"]

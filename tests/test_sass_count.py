@@ -33,7 +33,7 @@ def test_counts_a_listing_without_padding_or_the_trailing_self_branch():
 @pytest.mark.slow
 def test_counts_the_shipped_mxfp4_quantize_for_sm90():
     import sass_count
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")
@@ -103,10 +103,70 @@ def test_mla_token_loop_reads_one_block_id_per_tile():
     """A 64-token tile of MLA on 64-token pages is one page's slots: the sm90 token loop loads one block
     id (not one per token) and copies the tile with cp.async, with no spills."""
     import sass_count
-    from tritonwarm.jit.resources import cuobjdump
+    from tritonwarm.jit.pipeline.resources import cuobjdump
 
     if cuobjdump() is None:
         pytest.skip("this Triton ships no cuobjdump")
     mla = next(r for r in sass_count.attention_rows("sm90") if r[1].startswith("MLA"))
     header = dict(zip(sass_count.ATTENTION_HEADER, mla, strict=True))
     assert header["loop LDG"] == 1 and header["loop LDGSTS"] > 0 and header["spill B"] == 0, header
+
+
+@pytest.mark.slow
+def test_the_mxfp4_moe_loop_decodes_words_into_warpgroup_mmas_on_sm90():
+    """The FP4 MoE K loop as compiled for sm90: the packed weights arrive through cp.async in 8- or
+    16-byte pieces, byte loads only for the scales (one per 32 weight elements), the transposed
+    16-token tile runs HGMMA, no spills, and the loop stays under 8 instructions per weight element
+    (the nibble-at-a-time decode took 17.9)."""
+    import sass_count
+    from tritonwarm.jit.pipeline.resources import cuobjdump
+
+    if cuobjdump() is None:
+        pytest.skip("this Triton ships no cuobjdump")
+    [row] = sass_count.moe_rows("sm90", tiles=("16x128x128 w4 s3",), formats=("mxfp4",))
+    header = sass_count.MOE_HEADER
+    cells = dict(zip(header, row, strict=True))
+    assert float(cells["instr/weight elem"]) < 8.0, row
+    assert "LDGSTS.E.64" in cells["weight loads"] or "LDGSTS.E.128" in cells["weight loads"], row
+    per_thread = 2 * 128 * 128 / 128  # gate and up tiles, 4 warps
+    assert cells["LDG.E.U8"] <= per_thread / 32 and "HGMMA" in cells["MMA"] and cells["spill B"] == 0, row
+
+
+@pytest.mark.slow
+def test_quantized_mla_token_loops_read_whole_words_and_stay_near_bf16():
+    """sm90: each quantized format's token loop loads the cache in 128-bit words (no byte loads),
+    spills nothing, and issues at most 2.5x bf16's warp-instructions a token (the per-element fp32
+    dequantization it replaces issued over 20x)."""
+    import sass_count
+    from tritonwarm.jit.pipeline.resources import cuobjdump
+
+    if cuobjdump() is None:
+        pytest.skip("this Triton ships no cuobjdump")
+    rows = {r[0]: dict(zip(sass_count.MLA_HEADER, r, strict=True)) for r in sass_count.mla_rows("sm90")}
+    bf16 = float(rows["auto"]["warp-instr/token"])
+    for name in ("fp8_ds_mla", "nvfp4_ds_mla"):
+        row = rows[name]
+        assert row["byte loads/tile"] == 0 and row["128-bit loads/tile"] > 0 and row["spill B"] == 0, row
+        assert row["MMA/tile"] > 0 and float(row["warp-instr/token"]) <= 2.5 * bf16, row
+
+
+def test_mla_row_counts_a_listing():
+    import sass_count
+
+    listing = """
+        /*0000*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0010*/                   LDGSTS.E.BYPASS.128 [R6], desc[UR4][R8.64] ;
+        /*0020*/                   LDS.U8 R3, [R6] ;
+        /*0030*/                   F2FP.F16.E4M3.UNPACK_B R5, R4 ;
+        /*0040*/                   HMUL2 R5, R5, R6 ;
+        /*0050*/                   HMMA.16816.F32 R8, R4, R6, R8 ;
+        /*0060*/               @!P0 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+"""
+    row = dict(zip(sass_count.MLA_HEADER, sass_count.mla_row("x", 64, listing, {"registers": 128, "local": 0,
+                                                                              "shared": 65536}, 16, 4, 2), strict=True))
+    # the loop is 0x10..0x60: six instructions, four warps, 16 tokens of 64 bytes
+    assert row["loop instr"] == 6 and row["warp-instr/token"] == "1.5"
+    assert (row["128-bit loads/tile"], row["byte loads/tile"], row["MMA/tile"]) == (4, 4, 4)
+    assert row["dequant instr/byte"] == f"{32 * 8 / (16 * 64):.2f}"  # F2FP and HMUL2, 4 warps
+    assert row["stage KB"] == "1.0" and row["shared KB"] == "64.0" and row["CTAs/SM"] == 3  # 233472 // 65536

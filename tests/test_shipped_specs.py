@@ -10,11 +10,11 @@ import torch
 from tritonwarm.engine.config import ENGINES
 from tritonwarm.engine.plan import engine_plan
 from tritonwarm.jit import TARGETS
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.targets import DEVICES, target_device_answers
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.core.targets import DEVICES, target_device_answers
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SHIPPED = pathlib.Path(__file__).parent.parent / "warmup_specs"
 

@@ -13,9 +13,9 @@ import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import signing
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 if importlib.util.find_spec("cryptography") is None and os.environ.get("CI") != "true":
     pytest.skip("cryptography is not installed (pip install 'tritonwarm[sign]')", allow_module_level=True)

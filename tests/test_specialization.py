@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend
 from tritonwarm.jit import SCALAR_CLASSES, class_reps, fake_tensor, pointer_class, scalar_class, scalar_rep
-from tritonwarm.jit.specialization import FakePointer, as_kernel_arg
+from tritonwarm.jit.core.specialization import FakePointer, as_kernel_arg
 
 BOUNDARIES = [0, 1, -1, 2, 15, 16, 17, -16, -15, 2**31 - 1, 2**31, 2**31 + 1, 2**31 + 16, -(2**31), -(2**31) - 1,
               -(2**31) - 16, 2**32, 2**63 - 1, 2**63 - 16, 2**63, 2**63 + 1, 2**63 + 16, 2**64 - 1, 2**64 - 16,

@@ -3,7 +3,7 @@
 import pytest
 from triton.runtime.driver import driver
 from tritonwarm.jit import TARGETS, resolve_target, resolve_targets, target_driver
-from tritonwarm.jit.targets import UnknownTargetError, local_target
+from tritonwarm.jit.core.targets import UnknownTargetError, local_target
 
 
 def test_driver_is_restored_after_an_error():
@@ -63,7 +63,7 @@ def test_a_typo_of_a_known_name_is_suggested(typed, suggested):
 
 
 def test_sm_names_are_only_suggested_for_their_own_number():
-    from tritonwarm.jit.gpu_names import nearest
+    from tritonwarm.jit.core.gpu_names import nearest
 
     for number in range(70, 130):
         found = nearest(f"sm{number}", TARGETS)

@@ -14,9 +14,9 @@ import pytest
 from tritonwarm.cli import main
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache.bundle import HEADER_NAME, Limits, install, verify
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import SpecError, load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import SpecError, load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 SPEC = """
 kernel: tritonwarm.launchers.rms_norm:rms_norm
@@ -96,8 +96,8 @@ def test_install_imports_no_module_a_bundle_header_names(warmed, tmp_path, monke
 def test_c_launchers_come_from_the_entries_themselves(warmed, tmp_path):
     """The launcher sources are Triton's own, from the signature the row records and the entry's
     metadata: the same sources Triton's runtime generates for the compiled kernel."""
-    from tritonwarm.jit import c_launchers
-    from tritonwarm.jit.compile import compile_variant
+    from tritonwarm.jit.pipeline.compile import compile_variant
+    from tritonwarm.jit.serving import c_launchers
 
     if not c_launchers.builds_per_signature("cuda"):
         pytest.skip("this Triton builds no C launcher per kernel signature")
@@ -110,7 +110,7 @@ def test_c_launchers_come_from_the_entries_themselves(warmed, tmp_path):
 
 
 def test_a_signature_that_is_no_triton_type_builds_nothing(warmed):
-    from tritonwarm.jit import c_launchers
+    from tritonwarm.jit.serving import c_launchers
 
     root, the_plan, _ = warmed
     variant = next(iter(the_plan.variants.values()))

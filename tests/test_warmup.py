@@ -8,10 +8,10 @@ import pytest
 from triton import knobs
 from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import Manifest, entry_files
-from tritonwarm.jit.check import check
-from tritonwarm.jit.plan import plan
-from tritonwarm.jit.specs import load_specs
-from tritonwarm.jit.warmup import warm
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
 
 
 @pytest.mark.slow
@@ -171,7 +171,7 @@ def test_parallel_warmup_is_byte_identical_to_serial(tmp_path, spec_file):
 
 @pytest.mark.slow
 def test_noop_warmup_reuses_stored_plans_until_an_input_changes(tmp_path, spec_file, monkeypatch):
-    from tritonwarm.jit.trace import Capture
+    from tritonwarm.jit.core.trace import Capture
 
     target, cache_dir = TARGETS["sm90"], tmp_path / "cache"
     first = plan(load_specs([spec_file]), target, cache_dir=cache_dir)
@@ -199,7 +199,7 @@ def test_overlapping_cache_dir_blocks_leave_tritons_setting_as_it_was(tmp_path, 
     ``TRITON_CACHE_DIR``, still followed), not a folder one block left behind."""
     import threading
 
-    from tritonwarm.jit.compile import triton_cache_dir
+    from tritonwarm.jit.cache.triton_dir import triton_cache_dir
 
     cache, entered, first_closed = tmp_path / "cache", threading.Barrier(2), threading.Event()
 

@@ -49,6 +49,9 @@ class AutotuneState:
 
 
 _state: contextvars.ContextVar[AutotuneState | None] = contextvars.ContextVar("tritonwarm_autotune", default=None)
+# True while an autotuner's surviving configs are traced and it has more than one to choose from: a
+# config the GPU refuses (OutOfResources) is one Triton's autotuner skips when it benchmarks.
+_choosing: contextvars.ContextVar[bool] = contextvars.ContextVar("tritonwarm_autotune_choosing", default=False)
 _install_lock = threading.Lock()
 _installed = 0
 _original_run = Autotuner.run
@@ -61,6 +64,11 @@ def base_jit_function(kernel) -> JITFunction | None:
         kernel = getattr(kernel, "fn", None)
         seen += 1
     return kernel if isinstance(kernel, JITFunction) else None
+
+
+def choosing_among_configs() -> bool:
+    """Whether the compile request being traced now is one config of an autotuner with several."""
+    return _choosing.get()
 
 
 def is_stack(kernel) -> bool:
@@ -91,6 +99,21 @@ def autotune_mode(state: AutotuneState):
                 Autotuner.run = _original_run
 
 
+@contextlib.contextmanager
+def autotuners(state: AutotuneState | None = None):
+    """The block every trace runs in (``trace.tracing``): autotuners follow ``state`` (a fresh tracing
+    one when None), which the block yields."""
+    with autotune_mode(state if state is not None else AutotuneState()) as entered:
+        yield entered
+
+
+def fake_run(stack, launch):
+    """A ``JitKernel``'s stack on fake inputs: Triton's own ``run(warmup=True)``, heuristics evaluated,
+    every pruned config traced, in the state of the enclosing trace."""
+    with autotune_mode(current_state()):
+        return stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+
+
 def _fake_run(self: Autotuner, *args, **kwargs):
     state = _state.get()
     if state is None:  # another thread, not faking anything
@@ -102,8 +125,18 @@ def _fake_run(self: Autotuner, *args, **kwargs):
         return _tune(self, args, kwargs)
     configs = _pruned_configs(self, args, kwargs, state, where)
     result = None
+    pinned = None
+    if state.pinned is not None and len(configs) > 1:
+        with contextlib.suppress(ValueError):  # a pin no config answers: said below
+            pinned = as_config(state.pinned, configs, where, self.configs)
     for config in configs:
-        result = self.fn.run(*args, **kwargs, **config.all_kwargs())
+        # a config the autotuner chooses among others (and skips if the GPU refuses it); a pinned
+        # one is stored as the winner, so it is launched without a choice
+        token = _choosing.set(len(configs) > 1 and config is not pinned)
+        try:
+            result = self.fn.run(*args, **kwargs, **config.all_kwargs())
+        finally:
+            _choosing.reset(token)
     if state.mode == "trace" and state.pinned is not None and len(configs) > 1:
         try:  # a pin no config answers is the spec's error, told before anything is compiled
             as_config(state.pinned, configs, where, self.configs)
@@ -287,7 +320,7 @@ def _materialize(value):
     """A meta tensor → a real one on the GPU with the same shape, stride, dtype and alignment."""
     import torch
 
-    from .server_tensors import backing_device, plain
+    from ..core.server_tensors import backing_device, plain
 
     if not (isinstance(value, torch.Tensor) and backing_device(value).type == "meta"):
         return value

@@ -7,11 +7,12 @@ later (in another process, for another target) needs the ``JITFunction`` back. I
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from triton.runtime.jit import JITFunction
 
-from .scripts import is_script_locator, load_script
+from .scripts import is_script_locator
 
 _seen: dict[str, JITFunction] = {}  # locator -> kernel, for kernels defined where import cannot reach
 _seen_lock = threading.Lock()
@@ -44,7 +45,7 @@ def locator(jit_function: JITFunction) -> str:
 
 def kernel_for(jit_function: JITFunction):
     """The ``JitKernel`` built on ``jit_function`` if there is one, else a ``ForeignKernel``."""
-    from ..kernel import JitKernel
+    from ..core.kernel import JitKernel
 
     for kernel in JitKernel.registry():
         if kernel.jit_function is jit_function:
@@ -54,11 +55,11 @@ def kernel_for(jit_function: JITFunction):
     return ForeignKernel(jit_function)
 
 
-def forget_module(module_name: str) -> None:
-    """Forget the kernels of a module that is being imported afresh (``imports.import_for_target``)."""
-    with _seen_lock:
-        for where in [w for w in _seen if w.partition(":")[0] == module_name]:
-            del _seen[where]
+def _still_defined(jit_function: JITFunction) -> bool:
+    """Whether a kernel seen before is its module's today: not one of a module since dropped from
+    ``sys.modules`` or imported afresh (``imports.py``)."""
+    module = sys.modules.get(jit_function.fn.__module__)
+    return module is not None and vars(module) is jit_function.fn.__globals__
 
 
 def find_jit_function(where: str, target=None) -> JITFunction:
@@ -68,16 +69,16 @@ def find_jit_function(where: str, target=None) -> JITFunction:
     afresh if it was imported otherwise): its kernel is the one that target's serving process defines.
     Without, a kernel already seen in this process, else a plain import (a running program's own)."""
     from .autotune import base_jit_function
-    from .imports import import_for_target
+    from .imports import import_failure, import_for_target, load_script_for_target
 
     module_name, _, qualname = where.rpartition(":")  # a script's path may hold a colon
     with _seen_lock:
         known = _seen.get(where)
-    if known is not None and target is None:
+    if known is not None and target is None and _still_defined(known):
         return known
     if is_script_locator(module_name):  # defined in a program's main script (``record``)
         try:
-            module = load_script(module_name)
+            module = load_script_for_target(module_name, target)
         except (OSError, SyntaxError) as e:
             raise LookupError(f"kernel {where}: cannot load the script {module_name}: {e}") from None
     else:
@@ -87,6 +88,8 @@ def find_jit_function(where: str, target=None) -> JITFunction:
             if known is not None:  # a kernel seen in this process that import cannot reach
                 return known
             raise LookupError(f"kernel {where}: cannot import {module_name!r}: {e}") from None
+        except Exception as e:  # the module's own code failed as it was imported: say where
+            raise LookupError(f"kernel {where}: {import_failure(module_name, target, e)}") from e
     obj = module
     for part in qualname.split("."):
         obj = getattr(obj, part, None)

@@ -49,13 +49,13 @@ class Served:
 
     def tensor(self, value):
         """A real CPU tensor (lists, dicts walked) as host code on the server sees it: on ``cuda``."""
-        from .server_tensors import as_server_tensor
+        from ..core.server_tensors import as_server_tensor
 
         return as_server_tensor(value)
 
     def call(self, fn: Callable, *args, **kwargs):
         """``fn(*args, **kwargs)``; an autotuner that wanted to benchmark is recorded as a miss."""
-        from ..targets import NoBenchmarkError
+        from ..core.targets import NoBenchmarkError
 
         try:
             return fn(*args, **kwargs)
@@ -69,8 +69,8 @@ def playing_server(target, cache_dir):
     """``with playing_server(target, cache_dir) as served:`` import, call, then read ``served.misses``."""
     from triton.runtime.cache import get_cache_manager
 
-    from ..compile import triton_cache_dir
-    from ..trace import _hook_lock, disk_cache_hash
+    from ..cache.triton_dir import triton_cache_dir
+    from ..core.trace import _hook_lock, disk_cache_hash
     from .foreign import kernel_for
     from .imports import target_answers
 

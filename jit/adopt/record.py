@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..specialization import fake_tensor
+from ..core.specialization import fake_tensor
 from .foreign import find_jit_function, locator
 from .scripts import script_locator
 
@@ -165,7 +165,7 @@ def replay(kernel: str, call: dict):
     """The launcher of a recorded plan: one recorded launch, made again on fake inputs (``capture: all``)."""
     from triton.runtime.driver import driver
 
-    from ..targets import TargetOnlyDriver
+    from ..core.targets import TargetOnlyDriver
     from .imports import current_target
 
     jit_function = find_jit_function(kernel, current_target())  # the module as the target's server imports it
@@ -248,8 +248,8 @@ class _Recorder:
 
     def flush(self) -> None:
         if self.capture is not None:
-            from ..kernel import JitKernel
-            from ..targets import TARGETS
+            from ..core.kernel import JitKernel
+            from ..core.targets import TARGETS
 
             for variant in self.capture.variants.values():
                 kernel = JitKernel.lookup(variant.kernel)
@@ -305,10 +305,10 @@ def recording(out: str | Path, target_name: str | None = None, *, trace: bool = 
         if target_name is None:
             from triton.runtime.driver import driver
 
-            from ..trace import _hook_lock
+            from ..core.trace import _hook_lock
 
             if trace:
-                from ..monitor import DispatchMonitor
+                from ..serving.monitor import DispatchMonitor
 
                 recorder.monitor = DispatchMonitor(knobs.cache.dir, policy="off")
                 stack.enter_context(recorder.monitor.serving())
@@ -323,8 +323,8 @@ def recording(out: str | Path, target_name: str | None = None, *, trace: bool = 
                 knobs.runtime.jit_cache_hook = watch
             stack.callback(setattr, knobs.runtime, "jit_cache_hook", previous)
         else:
-            from ..targets import TARGETS
-            from ..trace import Capture, tracing
+            from ..core.targets import TARGETS
+            from ..core.trace import Capture, tracing
 
             recorder.capture = Capture()
             stack.enter_context(tracing(recorder.capture, TARGETS[target_name], all_kernels=True, meta_as_cuda=True))

@@ -26,8 +26,8 @@ class WinnerReport:
 
 def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
     """Run every row's launcher on fake inputs in autotune ``mode``; yield nothing, fill ``report``."""
-    from ..compile import triton_cache_dir
-    from ..trace import Capture, tracing
+    from ..cache.triton_dir import triton_cache_dir
+    from ..core.trace import Capture, tracing
 
     for spec in specs:
         if not spec.applies_to(target):
@@ -66,7 +66,7 @@ def _each_row(specs, target, cache_dir, mode: str, report: WinnerReport):
 
 def probe_winners(specs, target, cache_dir) -> WinnerReport:
     """Rows whose autotuned calls have no winner stored where Triton's autotuner reads it."""
-    from ..kernel import JitKernel
+    from ..core.kernel import JitKernel
 
     report = WinnerReport(target.name)
     specs = list(specs)
@@ -98,8 +98,8 @@ def _measuring(target, state: AutotuneState):
     says so), autotuned ones are measured on real tensors by Triton itself (see ``_tune``)."""
     from triton import knobs
 
-    from .. import kernel as kernel_module
-    from ..trace import _hook_lock
+    from ..core import kernel as kernel_module
+    from ..core.trace import _hook_lock
 
     class TuneSink(kernel_module.FakeLaunchSink):
         def launch(self, jit_kernel, launch, _target):

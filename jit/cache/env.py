@@ -208,7 +208,7 @@ def backend_hashes() -> dict[str, str]:
     version and the arch), as it enters every key of that target."""
     from triton.compiler.compiler import make_backend
 
-    from ..targets import TARGETS
+    from ..core.targets import TARGETS
 
     out = {}
     for target in TARGETS.values():

@@ -7,7 +7,6 @@ live beside them under ``<dir>/tritonwarm/``.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import hashlib
@@ -23,6 +22,8 @@ from typing import Any
 
 import platformdirs
 from filelock import FileLock
+
+from ..core.trace import entry_dir_name  # noqa: F401 (the folder Triton names after a hash: cache modules use it)
 
 LOCK_TIMEOUT_S = 600
 
@@ -242,11 +243,6 @@ def refuse_if_served_elsewhere(cache_dir: Path) -> None:
         raise CacheError(f"{cache_dir} is installed for a server that mounts it at {at} (bundle install --serve-at): "
                          "Triton here reads none of its entries, and compiling here would point them back here: "
                          f"warm where it is served (TRITON_CACHE_DIR={at}), or into another folder")
-
-
-def entry_dir_name(cache_hash: str) -> str:
-    """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
-    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
 def entry_path(cache_dir: Path, entry_dir: str) -> Path:

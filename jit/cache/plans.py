@@ -47,9 +47,26 @@ def launcher_fingerprint(launcher) -> str:
     """``tree_fingerprint`` of the top-level package a launcher is defined in (of its own file where it
     is in no package; empty where it has none, like code typed into an interpreter)."""
     import inspect
+
+    found = package_fingerprint(str(getattr(launcher, "__module__", "")))
+    if found:
+        return found
+    try:
+        source = inspect.getsourcefile(launcher) or ""
+    except TypeError:  # no Python source (a builtin, a partial): nothing to read
+        source = ""
+    return tree_fingerprint(str(Path(source).resolve())) if source and Path(source).is_file() else ""
+
+
+def package_fingerprint(module_name: str) -> str:
+    """``tree_fingerprint`` of the top-level package ``module_name`` is in (of its own file where it is
+    in no package, or of a program's script named by its path), found without running it; empty where
+    it has no file."""
     import sys
 
-    root = str(getattr(launcher, "__module__", "")).split(".")[0]
+    if module_name.endswith(".py") and Path(module_name).is_file():  # a program's main script
+        return tree_fingerprint(str(Path(module_name).resolve()))
+    root = module_name.split(".")[0]
     top = sys.modules.get(root) or _unexecuted(root)  # a capture: all launcher is imported only when traced
     file = getattr(top, "__file__", None)
     if file and Path(file).name == "__init__.py":
@@ -57,11 +74,7 @@ def launcher_fingerprint(launcher) -> str:
     folders = list(getattr(top, "__path__", []) or [])  # a namespace package: each of its folders
     if folders:
         return hashlib.sha256("".join(tree_fingerprint(str(Path(f).resolve())) for f in folders).encode()).hexdigest()
-    try:
-        source = file or inspect.getsourcefile(launcher) or ""
-    except TypeError:  # no Python source (a builtin, a partial): nothing to read
-        source = ""
-    return tree_fingerprint(str(Path(source).resolve())) if source and Path(source).is_file() else ""
+    return tree_fingerprint(str(Path(file).resolve())) if file and Path(file).is_file() else ""
 
 
 def _unexecuted(name: str):
@@ -86,7 +99,8 @@ class PlanStore:
     package (``tree_fingerprint``), Triton and its environment, the target. Kernels may live elsewhere
     (another module, another package): each stored plan also records Triton's source key of every
     kernel it traced (``JITFunction.cache_key``, which covers the kernel's ``@triton.jit``
-    dependencies), and the planner re-traces when one changed. A stored plan carries a digest of
+    dependencies; for a kernel of another package, the fingerprint of that package's files, read
+    without importing it), and the planner re-traces when one changed. A stored plan carries a digest of
     itself, so a file altered by hand is not trusted.
     """
 

@@ -97,8 +97,8 @@ def remove(cache_dir: Path, doomed: list[dict]) -> None:
 def used_hashes(record_path: Path) -> dict[str, set[str]]:
     """Target → the cache hashes a dispatch record (``engine run --record``) launched there. A record
     that holds no launch is refused: a server that died before writing it must not empty the cache."""
-    from ..dispatch_record import read_record
-    from ..targets import TARGETS
+    from ..core.dispatch_record import read_record
+    from ..core.targets import TARGETS
 
     used: dict[str, set[str]] = defaultdict(set)
     for number, line in enumerate(read_record(record_path), 1):

@@ -22,7 +22,8 @@ _REQUIRED = {"id": str, "kernel": str, "target": str, "entry_name": str, "entry_
 _OPTIONAL = {"cache_hash": str, "key": str, "specialization_data": str, "num_warps": int, "num_stages": int,
              "rows": list, "import_path": str, "jit_function": str, "files": dict, "resources": (dict, _NONE),
              "compile_seconds": (int, float, _NONE), "triton_version": (str, _NONE), "env": dict,
-             "environment": (str, _NONE), "constexpr_globals": dict}
+             "environment": (str, _NONE), "constexpr_globals": dict, "autotuned": bool,
+             "shared_estimate": (int, _NONE)}
 
 
 # What a bundle's row must hold, since every reader of the manifest it lands in uses them.

@@ -21,6 +21,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+from ..core.trace import hash_inputs
 from . import env as env_module
 
 _ptxas_texts: tuple = ()  # (arch, --version text) of the serving ptxas builds hashed instead of this one's
@@ -33,6 +34,9 @@ class ServingEnvironmentError(ValueError):
 def ptxas_texts_in_force() -> tuple:
     """The serving ptxas texts Triton's CUDA backend hashes now, for memos of keys; () when its own."""
     return _ptxas_texts
+
+
+hash_inputs.append(ptxas_texts_in_force)  # memoized disk-cache hashes are told apart by them (core/trace.py)
 
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -14,8 +14,8 @@ import re
 import statistics
 from pathlib import Path
 
+from ..core.trace import Variant
 from .plan import Plan
-from .trace import Variant
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -65,7 +65,7 @@ def shard_plan(the_plan: Plan, index: int, count: int, seconds: dict[str, float]
 
 def recorded_seconds(path: str | Path) -> dict[str, float]:
     """Compile times recorded in a bundle or a ``manifest-<target>.json`` (cache hash → seconds)."""
-    from .cache.bundle import read_header
+    from ..cache.bundle import read_header
 
     path = Path(path)
     if path.suffix == ".json":

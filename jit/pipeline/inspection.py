@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from .cache import manifests
+from ..cache import manifests
 
 
 def list_variants(cache_dir: Path, *, target: str | None = None, kernel: str | None = None) -> list[dict]:

@@ -14,8 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .c_launchers import missing_c_launchers
-from .cache import (
+from ...errors import clipped
+from ..cache import (
     Manifest,
     ManifestDamaged,
     UnreadableEntry,
@@ -24,7 +24,7 @@ from .cache import (
     files_match_record,
     serve_at_of,
 )
-from .cache.env import (
+from ..cache.env import (
     cache_bypassed,
     cache_manager_problem,
     current_fingerprint,
@@ -33,13 +33,15 @@ from .cache.env import (
     keyed_for_another,
     same_environment,
 )
-from .cache.layout import foreign_group_folder
-from .cache.manifest import entry_fingerprint, manifests
-from .cache.marks import interrupted_line
-from .cache.records import metadata_problem
-from .cache.remote import held_by_fleet
-from .compile import groups_read_as_served
-from .miss import (
+from ..cache.failures import failed_compiles
+from ..cache.layout import foreign_group_folder
+from ..cache.manifest import entry_fingerprint, manifests
+from ..cache.marks import interrupted_line
+from ..cache.records import metadata_problem
+from ..cache.remote import held_by_fleet
+from ..cache.triton_dir import groups_read_as_served
+from ..serving.c_launchers import missing_c_launchers
+from ..serving.miss import (
     COPIED,
     FILES_GONE,
     GLOBALS_ADVICE,
@@ -50,6 +52,7 @@ from .miss import (
     WarmedNeighbours,
 )
 from .plan import Plan
+from .resources import entry_usage, over_limit_row, over_limits
 
 
 @dataclass
@@ -78,13 +81,15 @@ class CheckReport:
     serve_at: str | None = None  # checked as a server that mounts the folder there reads it
     read_elsewhere: list[dict] = field(default_factory=list)  # hits only because another folder here has the files
     interrupted: str | None = None  # a warm-up into this folder that did not finish
+    over_limits: list[dict] = field(default_factory=list)  # cached, but over the target's launch limits
+    pruned: list[dict] = field(default_factory=list)  # autotune configs over a limit: the autotuner skips them
 
     @property
     def ok(self) -> bool:
         return not (self.missing or self.corrupt or self.unreachable or self.errors or self.collapse_errors
                     or self.unknown_winners or self.missing_c_launchers or self.unreadable
                     or self.manifest_problem or self.bypassed or self.read_elsewhere
-                    or self.interrupted)
+                    or self.interrupted or self.over_limits)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ok": self.ok}
@@ -145,6 +150,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
             report.corrupt.append({**summary, "why": why})
         else:
             intact.append(variant)
+            _judge_resources(report, target, variant, files, recorded.get(variant.cache_hash))
             elsewhere = None if serve_at else foreign_group_folder(cache_dir, variant.entry_dir, variant.entry_name)
             if elsewhere is not None and not _same_folder(elsewhere, entry_path(cache_dir, variant.entry_dir)):
                 report.read_elsewhere.append({**summary, "folder": os.path.dirname(elsewhere)})
@@ -184,11 +190,22 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
     mounted_elsewhere = bool(report.missing) and marked != serve_at
     if mounted_elsewhere:
         report.reasons.insert(0, _served_elsewhere(marked, serve_at))
+    if report.missing:
+        _say_failed_compiles(report, wanted, failed_compiles(cache_dir, target.name))
     if report.missing and not report.manifest_problem:  # a damaged manifest tells nothing of its entries
         neighbours = WarmedNeighbours(recorded, environments, runtime, target.name, manifests(cache_dir), cache_dir,
                                       serve_at)
         _explain_missing(report, wanted, neighbours, copies_explained=mounted_elsewhere)
     return report
+
+
+def _judge_resources(report: CheckReport, target, variant, files: dict[str, str], record: dict | None) -> None:
+    """An intact entry over the target's launch limits: the GPU refuses to load it (a server crashes at
+    its first launch), unless an autotuner chooses among it and others (then it skips it: pruned)."""
+    excess = over_limits(target, entry_usage(target, files, record), variant.num_warps)
+    if excess:
+        row = over_limit_row(variant.to_json(), excess)
+        (report.pruned if variant.autotuned else report.over_limits).append(row)
 
 
 def _same_folder(a, b) -> bool:
@@ -219,6 +236,28 @@ def _served_elsewhere(marked: Path | None, serve_at: Path | None) -> str:
     return f"this folder is installed {where}, not at {serve_at}: install the bundle with `--serve-at {serve_at}`"
 
 
+COMPILE_FAILED = "compile failed"
+
+
+def _say_failed_compiles(report: CheckReport, wanted: dict[str, dict], failed: dict[str, dict]) -> None:
+    """Missing variants a warm-up tried and could not compile: that cause, and the error, one line for
+    each kernel and error with its count (not "not warmed")."""
+    shared: Counter[tuple[str, str]] = Counter()
+    rows: dict[tuple[str, str], str] = {}
+    for summary in report.missing:
+        record = failed.get(wanted[summary["id"]]["cache_hash"])
+        if record is None:
+            continue
+        error = clipped(record["error"])
+        summary["why"], summary["cause"] = f"the warm-up could not compile it: {error}", COMPILE_FAILED
+        key = (clipped(record["kernel"]), error)
+        shared[key] += 1
+        rows.setdefault(key, f", first {clipped(record['rows'][0])}" if record["rows"] else "")
+    report.reasons += [f"{kernel}: {_variants(count)} missing: the warm-up could not compile "
+                       f"{'it' if count == 1 else 'them'}{rows[kernel, error]}: {error}"
+                       for (kernel, error), count in shared.items()]
+
+
 def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: WarmedNeighbours, *,
                      copies_explained: bool = False) -> None:
     """Each missing variant's own reason (``why``), and one line in ``reasons`` for each cause that
@@ -227,6 +266,8 @@ def _explain_missing(report: CheckReport, wanted: dict[str, dict], neighbours: W
     mount path is named already, so entries naming their files elsewhere need no line of their own."""
     shared: Counter[tuple[str, tuple[str, ...]]] = Counter()
     for summary in report.missing:
+        if summary.get("cause"):  # told already (a compile that failed)
+            continue
         reason = neighbours.why(wanted[summary["id"]])
         if reason is None:
             continue

@@ -26,10 +26,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import CacheError, Manifest, entry_dir_name
-from .cache.env import current_fingerprint, same_environment
-from .cache.layout import foreign_group_folder
-from .cache.manifest import entry_fingerprint, manifests
+from ..cache import CacheError, Manifest, entry_dir_name
+from ..cache.env import current_fingerprint, same_environment
+from ..cache.layout import foreign_group_folder
+from ..cache.manifest import entry_fingerprint, manifests
 
 COPIED, FILES_GONE, OTHER_CODE, OTHER_CLASS = "copied", "files gone", "other code", "other class"
 OTHER_GLOBALS = "other module constants"

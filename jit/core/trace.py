@@ -9,11 +9,12 @@ variant is byte for byte the one the runtime asks for.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -21,7 +22,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
-from .adopt.foreign import ForeignKernel, kernel_for
+from .hooks import KernelLike, adoption
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
 
@@ -43,6 +44,8 @@ class Variant:
     entry_name: str = ""  # the kernel function's name: Triton names the entry's files after it
     jit_function: str = ""  # "module:qualname" of a kernel that is no JitKernel (captured by capture: all)
     constexpr_globals: dict[str, str] = field(default_factory=dict)  # module-level constexprs in Triton's hash
+    autotuned: bool = False  # one config of an autotuner that chooses among several: over a limit, it is skipped
+    shared_estimate: int | None = None  # shared memory (bytes) as its launch spec estimated it
 
     @property
     def variant_id(self) -> str:
@@ -52,8 +55,6 @@ class Variant:
     @property
     def entry_dir(self) -> str:
         """The entry folder's name in the cache directory (the manifest's ``entry_dir``)."""
-        from .cache.layout import entry_dir_name
-
         return entry_dir_name(self.cache_hash)
 
     @classmethod
@@ -77,6 +78,8 @@ class Variant:
             "jit_function": self.jit_function,
             "specialization_data": self.specialization_data,
             "constexpr_globals": self.constexpr_globals,
+            "autotuned": self.autotuned,
+            "shared_estimate": self.shared_estimate,
         }
 
 
@@ -100,11 +103,12 @@ class Capture(FakeLaunchSink):
 
     def any_kernel_hook(self, target: Target):
         """Triton's ``jit_cache_hook`` for ``capture: all``: record every compile request, compile nothing."""
+        answers = adoption()
 
         def hook(*, key, fn, compile, **_):
             jit_function = fn.jit_function
             self.foreign[id(jit_function)] = jit_function
-            self._record(kernel_for(jit_function), target, compile)
+            self._record(answers.kernel_for(jit_function), target, compile, answers.choosing_among_configs())
             return True
 
         return hook
@@ -123,10 +127,11 @@ class Capture(FakeLaunchSink):
         return self.row_keys.get(label, set())
 
     def launch(self, kernel: JitKernel, launch: Launch, target: Target) -> None:
-        seen: list[dict] = []
+        seen: list[tuple[dict, bool]] = []
+        choosing_among_configs = adoption().choosing_among_configs
 
         def hook(*, key, fn, compile, **_):
-            seen.append(compile)
+            seen.append((compile, choosing_among_configs()))
             return True  # never compile while tracing
 
         with _hook_lock:
@@ -137,13 +142,17 @@ class Capture(FakeLaunchSink):
             finally:
                 knobs.runtime.jit_cache_hook = previous
         self.launches += 1
-        for request in seen:
-            self._record(kernel, target, request)
+        estimate = kernel.shared_estimate(launch, target) if kernel.shared_estimate is not None else None
+        for request, autotuned in seen:
+            self._record(kernel, target, request, autotuned, estimate)
 
-    def _record(self, kernel: JitKernel | ForeignKernel, target: Target, request: dict) -> None:
+    def _record(self, kernel: KernelLike, target: Target, request: dict, autotuned: bool = False,
+                shared_estimate: int | None = None) -> None:
         key = str(request["key"])
         variant = self.variants.get((kernel.name, key))
-        if variant is None:
+        if variant is not None:
+            variant.autotuned = variant.autotuned and autotuned  # launched directly too: it must launch
+        else:
             _refuse_dtype_named_strings(kernel, request)  # once per variant, not on every launch of it
             variant = Variant(
                 kernel=kernel.name,
@@ -158,6 +167,8 @@ class Capture(FakeLaunchSink):
                 entry_name=kernel.fn.__name__,
                 jit_function=getattr(kernel, "locator", ""),
                 constexpr_globals=constexpr_globals(kernel.jit_function),
+                autotuned=autotuned,
+                shared_estimate=shared_estimate,
             )
             self.variants[(kernel.name, key)] = variant
         if self.current_row is not None:
@@ -171,14 +182,14 @@ def tracing(cap: Capture, target: Target, all_kernels: bool = False, autotune=No
     """Fake launches into ``cap`` for ``target``: JitKernels always; with ``all_kernels`` every
     ``JITFunction`` the code reaches (direct ``kernel[grid](...)``, autotuners, heuristics, other
     packages' kernels), through Triton's own hook, with device questions answered for the target.
-    ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too."""
-    from .adopt.autotune import AutotuneState, autotune_mode
-    from .adopt.server_tensors import server_tensors
+    ``meta_as_cuda`` (a dry-run record): the program's ``meta`` tensors are seen as the server's too.
+    Autotuners reached inside follow ``autotune`` (a fresh state when None), which the block yields."""
+    from .server_tensors import server_tensors
 
-    state = autotune if autotune is not None else AutotuneState()
+    autotuners = adoption().autotuners
     with contextlib.ExitStack() as stack:
         fake_driver = stack.enter_context(fake_launches(cap, target))
-        stack.enter_context(autotune_mode(state))
+        state = stack.enter_context(autotuners(autotune))
         if all_kernels:
             stack.enter_context(target_device_answers(target))
             stack.enter_context(server_tensors("meta", meta_as_cuda))  # cuda allocations: as on the server
@@ -218,7 +229,7 @@ def constexpr_globals(jit_function: JITFunction) -> dict[str, str]:
     return {name: " | ".join(sorted(reprs)) for name, reprs in sorted(values.items())}
 
 
-def readable_args(kernel: JitKernel | ForeignKernel, request: dict) -> dict[str, str]:
+def readable_args(kernel: KernelLike, request: dict) -> dict[str, str]:
     """Each parameter's class as Triton specialized it, from Triton's own signature and attributes."""
     signature: dict[str, Any] = request["signature"]
     constants = {_path(k): v for k, v in request["constants"].items()}
@@ -245,6 +256,10 @@ def _path(key):
 
 
 _HASHES: dict[tuple, str] = {}
+# What else a disk-cache hash depends on that a process can change while it runs (the serving
+# environment's ptxas, ``cache/serving.py``): each a function of no argument, added by the module that
+# changes it when it is imported, so a memoized hash is never one of another setting.
+hash_inputs: list[Callable[[], Hashable]] = []
 
 
 def _refuse_dtype_named_strings(kernel, request: dict) -> None:
@@ -273,10 +288,8 @@ def _memoized_disk_cache_hash(kernel: JitKernel, target: Target, request: dict, 
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.runtime import cache as triton_cache
 
-    from .cache.serving import ptxas_texts_in_force
-
     memo = (kernel.name, target.name, key, tuple(sorted(get_cache_invalidating_env_vars().items())),
-            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, ptxas_texts_in_force())
+            triton_cache.triton_key(), knobs.runtime.add_stages_inspection_hook, tuple(f() for f in hash_inputs))
     if memo not in _HASHES:
         _HASHES[memo] = disk_cache_hash(kernel, target, request)
     return _HASHES[memo]
@@ -305,6 +318,11 @@ def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
     if knobs.runtime.add_stages_inspection_hook is not None and _compile_keys_custom_pipelines():
         key += knobs.runtime.add_stages_inspection_hook()[0]  # a custom pass pipeline, as compile() adds it
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def entry_dir_name(cache_hash: str) -> str:
+    """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
+    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
 def _compile_keys_custom_pipelines() -> bool:

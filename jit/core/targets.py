@@ -233,8 +233,60 @@ def device_properties(target: Target) -> DeviceProperties:
         return known
     if target.is_nvidia:
         major, minor = divmod(int(target.arch), 10)
-        return DeviceProperties(f"sm{target.arch}", major, minor, 132, 101376, 80 * _GiB)
-    return DeviceProperties(str(target.arch), 9, 4, 304, 65536, 192 * _GiB, gcnArchName=str(target.arch))
+        return DeviceProperties(f"sm{target.arch}", major, minor, 132, launch_limits(target).shared, 80 * _GiB)
+    return DeviceProperties(str(target.arch), 9, 4, 304, launch_limits(target).shared, 192 * _GiB,
+                            gcnArchName=str(target.arch))
+
+
+@dataclass(frozen=True)
+class LaunchLimits:
+    """What one program of a kernel (a thread block; on AMD a workgroup) may hold on a target.
+
+    Triton compiles a variant over any of these, and the GPU refuses it when it is loaded
+    (``OutOfResources``) or launched; ``jit.pipeline.resources.over_limits`` compares a compiled variant with them.
+    """
+
+    shared: int  # bytes of shared memory (AMD: LDS) per block, the opt-in maximum, static + dynamic
+    registers_per_thread: int  # NVIDIA: registers per thread; AMD: VGPRs + AGPRs per lane
+    register_file: int  # 32-bit registers the threads of one block may hold together (AMD: one CU's VGPRs)
+    threads: int = 1024  # threads (work-items) per block
+    scalar_registers: int | None = None  # AMD: SGPRs per wave, VCC, FLAT_SCRATCH and XNACK_MASK included
+    tensor_memory: int | None = None  # Blackwell (sm100): tensor memory columns per block
+    source: str = ""
+
+
+_CUDA_GUIDE = "CUDA C++ Programming Guide, Technical Specifications per Compute Capability"
+_ROCM = ("ROCm GPU hardware specifications (LDS per workgroup, VGPR file of 512 KiB per CU); LLVM AMDGPUUsage "
+         "(512 VGPRs + AGPRs per lane, 102 SGPRs + 6 special per wave on GFX9)")
+# One row per target; a target with no row gets its compute capability's (``launch_limits``).
+LIMITS: dict[str, LaunchLimits] = {
+    "sm80": LaunchLimits(166912, 255, 65536, source=f"{_CUDA_GUIDE}: 8.0, 163 KB"),
+    "sm86": LaunchLimits(101376, 255, 65536, source=f"{_CUDA_GUIDE}: 8.6, 99 KB"),
+    "sm89": LaunchLimits(101376, 255, 65536, source=f"{_CUDA_GUIDE}: 8.9, 99 KB"),
+    "sm90": LaunchLimits(232448, 255, 65536, source=f"{_CUDA_GUIDE}: 9.0, 227 KB"),
+    "sm100": LaunchLimits(232448, 255, 65536, tensor_memory=512,
+                          source=f"{_CUDA_GUIDE}: 10.0, 227 KB; 512 TMEM columns (Triton's own load check)"),
+    "sm120": LaunchLimits(101376, 255, 65536, source=f"{_CUDA_GUIDE}: 12.0, 99 KB"),
+    "gfx90a": LaunchLimits(65536, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI200, 64 KiB LDS"),
+    "gfx942": LaunchLimits(65536, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI300, 64 KiB LDS"),
+    "gfx950": LaunchLimits(163840, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI350, 160 KiB LDS"),
+}
+
+
+def launch_limits(target: Target) -> LaunchLimits:
+    """The target's row of ``LIMITS``; for a target without one, those of its compute capability
+    (shared memory per block by the CUDA guide's table: 163 KB for 8.0/8.7, 227 KB for 9.x-11.x, 99 KB
+    for the other 8.x and 12.x) or of its gfx generation (160 KiB of LDS on gfx95x, else 64 KiB)."""
+    known = LIMITS.get(target.name)
+    if known is not None:
+        return known
+    if target.is_nvidia:
+        arch = int(target.arch)
+        shared = 166912 if arch in (80, 87) else 232448 if 90 <= arch < 120 else 101376
+        return LaunchLimits(shared, 255, 65536, tensor_memory=512 if 100 <= arch < 120 else None,
+                            source=f"{_CUDA_GUIDE}: by compute capability {arch // 10}.{arch % 10}")
+    lds = 163840 if str(target.arch).startswith("gfx95") else 65536
+    return LaunchLimits(lds, 512, 131072, scalar_registers=108, source=f"{_ROCM}: by gfx generation")
 
 
 class NoBenchmarkError(RuntimeError):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from .cache.overlay import overlay_in_force
+from ..cache.overlay import overlay_in_force
 
 LAUNCHER = "__triton_launcher"
 _THIS_MACHINE = "this machine's driver"  # what needs the driver utilities keyed by this machine
@@ -155,7 +155,7 @@ def _python_include_dir() -> str:
 
 def _serving_fingerprint() -> dict | None:
     """The fingerprint of the environment being warmed for (``warmup --for``), if any."""
-    from .cache import env
+    from ..cache import env
 
     return getattr(env, "_serving", None)
 
@@ -290,7 +290,7 @@ def machine_utilities_call(backend: str) -> BuilderCall | None:
     there), the key is known: this is Triton's own call for it, recorded. None where the key is the
     source alone, or Triton finds no such library, or the cache is keyed for another environment
     (``--for``)."""
-    from .cache.env import keyed_for_another
+    from ..cache.env import keyed_for_another
 
     if keyed_for_another():
         return None
@@ -396,7 +396,7 @@ def _from_entries(variants, cache_dir) -> list:
     """What Triton's launcher classes read of each compiled kernel (its signature, its metadata),
     taken from the entry in the cache and the signature its row records: no kernel module is
     imported and nothing compiles, so a bundle's header naming modules runs none of them."""
-    from .cache.layout import entry_path
+    from ..cache.layout import entry_path
 
     kernels = []
     for variant in variants:
@@ -429,7 +429,7 @@ def warm_c_launchers(variants, target, cache_dir: Path, *, jobs: int = 1,
                      serving: dict | None = None) -> CLauncherReport | None:
     """Build the C launchers (and driver utilities) the runtime will build for ``variants``, into the
     cache; None where this Triton builds none for the target's backend."""
-    from .compile import triton_cache_dir
+    from ..cache.triton_dir import triton_cache_dir
 
     backend = target.backend
     machine = machine_utilities_call(backend) if variants else None
@@ -493,7 +493,7 @@ def missing_c_launchers(variants, target, cache_dir: Path) -> tuple[list[str], s
 def look_up_c_launchers(variants, target, cache_dir: Path) -> tuple[int, list[str]]:
     """How many C modules the runtime needs for ``variants`` (entries in the cache), and which of them
     the cache lacks, as Triton's own lookup finds them (nothing is built or loaded)."""
-    from .compile import triton_cache_dir
+    from ..cache.triton_dir import triton_cache_dir
 
     backend = target.backend
     machine = machine_utilities_call(backend) if variants else None

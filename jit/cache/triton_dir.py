@@ -1,18 +1,14 @@
-"""Compile one traced variant with Triton's own ``JITFunction.preload``, into a given cache dir."""
+"""The folder this process's Triton reads its cache from: pointed elsewhere for a block, asked where it
+is, read as a server that mounts it at another path reads it."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import threading
 from pathlib import Path
 
 from triton import knobs
-
-from .kernel import JitKernel
-from .targets import Target, target_driver
-from .trace import Variant
 
 _open_blocks: list[tuple[object, str]] = []  # (block, folder) of each open ``triton_cache_dir``, oldest first
 _before: dict[str, str | None] = {}  # the knob's own value and TRITON_CACHE_DIR before the first block
@@ -60,7 +56,7 @@ def groups_read_as_served(cache_dir, serve_at):
         return
     from triton.runtime.cache import FileCacheManager
 
-    from .cache.layout import entry_files
+    from .layout import entry_files
 
     folder = Path(cache_dir).absolute()
 
@@ -102,34 +98,3 @@ def triton_reads_instead(cache_dir) -> Path | None:
     when that is not ``cache_dir``: a cache warmed there is then never read."""
     read = Path(knobs.cache.dir).expanduser().resolve()
     return None if read == Path(cache_dir).expanduser().resolve() else read
-
-
-def find_kernel(variant: Variant, target: Target | None = None) -> JitKernel:
-    if variant.jit_function:  # captured from code that launches it itself (capture: all, record)
-        from .adopt.foreign import find_jit_function, kernel_for
-
-        # imported under the target's answers: module-level constexprs take its serving values
-        return kernel_for(find_jit_function(variant.jit_function, target))
-    kernel = JitKernel.lookup(variant.kernel)
-    if kernel is None and variant.import_path:
-        importlib.import_module(variant.import_path.split(":")[0])
-        kernel = JitKernel.lookup(variant.kernel)
-    if kernel is None:
-        raise LookupError(f"kernel {variant.kernel} is not defined by any imported launcher")
-    return kernel
-
-
-def compile_variant(variant: Variant, target: Target, cache_dir=None, *, binary_only: bool = False):
-    """Compile (or find in Triton's disk cache) exactly the request Triton formed while tracing.
-
-    ``binary_only`` uses Triton's own ``store_binary_only``: the entry keeps the cubin/hsaco and its
-    metadata, all the runtime loads, and drops the IR (it is not part of the cache key).
-    """
-    kernel = find_kernel(variant, target)
-    with target_driver(target) as fake, triton_cache_dir(cache_dir), knobs.compilation.scope():
-        knobs.compilation.store_binary_only = binary_only
-        try:
-            compiled = kernel.jit_function.preload(variant.specialization_data)
-        finally:
-            kernel.jit_function.device_caches.pop(fake.device, None)
-    return compiled

@@ -19,9 +19,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import describe_error
-from .c_launchers import warm_c_launchers
-from .cache import (
+from ...errors import describe_error
+from ..cache import (
     CacheError,
     Manifest,
     ManifestDamaged,
@@ -37,16 +36,18 @@ from .cache import (
     triton_version,
     variant_lock,
 )
-from .cache.env import current_fingerprint, fingerprint_id
-from .cache.layout import UnreadableEntry
-from .cache.overlay import refuse_if_overlaid
-from .cache.sources import PlanSources
+from ..cache.env import current_fingerprint, fingerprint_id
+from ..cache.failures import record_compiles
+from ..cache.layout import UnreadableEntry
+from ..cache.overlay import refuse_if_overlaid
+from ..cache.sources import PlanSources
+from ..core.targets import Target
+from ..core.trace import Variant
+from ..serving.c_launchers import warm_c_launchers
 from .compile import compile_variant
 from .plan import Plan
 from .pool import prime_key_material
-from .resources import resource_usage
-from .targets import Target
-from .trace import Variant
+from .resources import over_limit_line, over_limit_row, over_limits, resource_usage
 
 
 @dataclass
@@ -62,6 +63,8 @@ class WarmResult:
     seconds: float = 0.0
     manifest_set_aside: str | None = None  # a damaged manifest, moved aside and rebuilt
     failures: list[str] = field(default_factory=list)
+    over_limits: list[dict] = field(default_factory=list)  # variants the target's GPU refuses to load (failed)
+    pruned: list[dict] = field(default_factory=list)  # autotune configs over a limit: Triton's autotuner skips them
     c_launchers: dict | None = None  # Triton's C launchers built for the warmed variants (c_launchers.py)
 
     def to_json(self) -> dict:
@@ -71,7 +74,7 @@ class WarmResult:
 def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = False,
          progress: Callable[[Variant, str], None] | None = None, pool: Executor | None = None) -> WarmResult:
     """Compile every planned variant the cache lacks (``jobs`` processes, or the workers of ``pool``,
-    a ``jit.pool.worker_pool`` shared with tracing); record all in the manifest."""
+    a ``jit.pipeline.pool.worker_pool`` shared with tracing); record all in the manifest."""
     target = the_plan.target
     start = time.perf_counter()
     ensure_writable(cache_dir)
@@ -90,7 +93,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
     fingerprint = current_fingerprint()  # the serving environment's under --for
     environment = fingerprint_id(fingerprint)
     environments = {environment: fingerprint}
-    variants, warmed = list(the_plan.variants.values()), []
+    variants, warmed, failed = list(the_plan.variants.values()), [], {}
     outcomes = _warm_all(variants, target, cache_dir, recorded, jobs, binary_only, pool)
     for variant, outcome in outcomes:
         if disk_full(outcome):  # every further compile would fail the same way: stop at the first
@@ -100,22 +103,36 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
                              "(the next warm-up removes what this one left)")
         if isinstance(outcome, BaseException):
             result.failed += 1
-            result.failures.append(f"{variant.kernel} {variant.variant_id}: {describe_error(outcome)}")
+            if not isinstance(outcome, UnreadableEntry):  # a compile that failed: check says so, and why
+                failed[variant.cache_hash] = {"kernel": variant.kernel, "rows": variant.rows[:3],
+                                              "error": describe_error(outcome)}
+            result.failures.append(f"{_rows_of(variant)}{variant.kernel} {variant.variant_id}: "
+                                   f"{describe_error(outcome)}")
             if progress:
                 progress(variant, "failed")
             continue
         status, details = outcome
-        warmed.append(variant)
-        result.compiled += status in ("compiled", "repaired")
-        result.repaired += status == "repaired"
-        result.cached += status in ("cached", "verified")
-        result.verified += status == "verified"
+        usage = details["resources"] if details is not None else _recorded_usage(recorded, variant, target, cache_dir)
+        excess = over_limits(target, usage, variant.num_warps)
+        refused = bool(excess) and not variant.autotuned  # an autotuner skips such a config; a launch crashes
+        if excess:
+            (result.over_limits if refused else result.pruned).append(over_limit_row(variant.to_json(), excess))
+        if refused:  # compiled and kept (check names it), but a failed row: the server cannot load it
+            result.failed += 1
+            result.failures.append(over_limit_line(target.name, result.over_limits[-1]))
+        else:
+            warmed.append(variant)
+            result.compiled += status in ("compiled", "repaired")
+            result.repaired += status == "repaired"
+            result.cached += status in ("cached", "verified")
+            result.verified += status == "verified"
         if details is not None:
             entry = _manifest_entry(variant, details, version, env)
             entry["environment"] = environment
             manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
-            progress(variant, status)
+            progress(variant, "over limit" if refused else status)
+    record_compiles(cache_dir, target.name, failed, (v.cache_hash for v in warmed))
     PlanSources(cache_dir, target.name).add(**the_plan.sources)
     c_launchers = warm_c_launchers(warmed, target, cache_dir, jobs=jobs)
     if c_launchers is not None:
@@ -123,6 +140,14 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
         result.failures += [f"C launcher {line}" for line in c_launchers.failed]
     result.seconds = round(time.perf_counter() - start, 3)
     return result
+
+
+def _rows_of(variant: Variant) -> str:
+    """The spec row a variant was planned from, as a failure names it (``row: ``; empty for none)."""
+    if not variant.rows:
+        return ""
+    more = f" and {len(variant.rows) - 1} more rows" if len(variant.rows) > 1 else ""
+    return f"{variant.rows[0]}{more}: "
 
 
 def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded: dict, jobs: int,
@@ -179,7 +204,7 @@ def _warm_all(variants: list[Variant], target: Target, cache_dir: Path, recorded
 
 def _warm_one_in_worker(variant_json: dict, target_name: str, cache_dir: str, recorded: dict | None,
                         binary_only: bool):
-    from .targets import TARGETS
+    from ..core.targets import TARGETS
 
     return _warm_one(Variant.from_json(variant_json), TARGETS[target_name], Path(cache_dir), recorded, binary_only)
 
@@ -211,6 +236,18 @@ def _warm_one(variant: Variant, target: Target, cache_dir: Path, recorded: dict 
         if files is None:
             raise RuntimeError(f"Triton wrote no complete cache entry under {cache_dir}")
         return ("repaired" if corrupt else "compiled"), _details(target, files, seconds)
+
+
+def _recorded_usage(recorded: dict, variant: Variant, target: Target, cache_dir: Path) -> dict | None:
+    """What an entry found cached and intact uses: as its record says, else read from its files."""
+    usage = (recorded.get(variant.cache_hash) or {}).get("resources")
+    if isinstance(usage, dict):
+        return usage
+    try:
+        files = entry_files(cache_dir, variant.entry_dir, variant.entry_name)
+    except UnreadableEntry:
+        return None
+    return resource_usage(target, files) if files else None
 
 
 def _current_record(cache_dir: Path, target: Target, cache_hash: str) -> dict | None:

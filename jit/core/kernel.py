@@ -27,6 +27,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from .dispatch import FastDispatch, LaunchMemo, current_device
+from .hooks import adoption
 from .interpreter import interpreter_fixes
 from .specialization import as_kernel_arg
 from .targets import Target, target_driver
@@ -114,21 +115,25 @@ class JitKernel:
     _registry: weakref.WeakValueDictionary[str, JitKernel] = weakref.WeakValueDictionary()
     _registry_lock = threading.Lock()
 
-    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None, memoize: bool = False):
+    def __init__(self, kernel, launch_spec: LaunchSpec, *, name: str | None = None, memoize: bool = False,
+                 shared_estimate: Callable[[Launch, Target], int] | None = None):
         """``memoize``: the launch spec reads nothing but its inputs' dtypes, shapes, strides, devices
         and scalar values (no data, no data pointer beyond alignment, no global state), and passes
         input tensors to the kernel as they are; its launch is then bound once per input key
-        (``dispatch.LaunchMemo``) and later calls skip the spec."""
-        from .adopt.autotune import base_jit_function, is_stack
-
+        (``dispatch.LaunchMemo``) and later calls skip the spec.
+        ``shared_estimate``: the shared memory (bytes) one program of a launch needs on a target, as
+        the launch spec estimates it to pick a tile that fits; recorded with each traced variant, to
+        be compared with what the compiled binary says (``jit.pipeline.resources``)."""
         # ``@triton.autotune`` / ``@triton.heuristics`` (any stack of them) launch through the stack;
         # the JITFunction at its bottom is what compiles.
-        self.stack = kernel if is_stack(kernel) else None
+        stacks = adoption()
+        self.stack = kernel if stacks.is_stack(kernel) else None
         if self.stack is not None:
-            kernel = base_jit_function(kernel) or _interpreted_base(kernel)
+            kernel = stacks.base_jit_function(kernel) or _interpreted_base(kernel)
         fn = kernel.fn if hasattr(kernel, "fn") else kernel
         self.fn = fn
         self.launch_spec = launch_spec
+        self.shared_estimate = shared_estimate
         self.name = name or f"{fn.__module__}.{fn.__qualname__}"
         # Whatever TRITON_INTERPRET said at import, keep a compiling JITFunction for warm-up and
         # GPU launches; the interpreter is built on demand from the same Python function.
@@ -221,9 +226,7 @@ class JitKernel:
         if _wants_interpreter(launch.args):
             kwargs = launch.kwargs()
             if self.stack is not None:
-                from .adopt.autotune import resolve_for_interpreter
-
-                kwargs.update(resolve_for_interpreter(self.stack, launch.args, kwargs))
+                kwargs.update(adoption().interpreter_meta(self.stack, launch.args, kwargs))
                 kwargs = {k: v for k, v in kwargs.items() if k in self.constexpr_names or k == "num_warps"}
             runtime_names = [p.name for p in self.jit_function.params if not p.is_constexpr]
             named = {**dict(zip(runtime_names, launch.args, strict=False)), **kwargs}
@@ -237,11 +240,8 @@ class JitKernel:
 
     def fake_run(self, launch: Launch):
         """Triton's own ``run(warmup=True)`` on fake arguments: binder → key → compile hook → compile."""
-        if self.stack is not None:  # heuristics evaluated, every pruned config traced: see autotune.py
-            from .adopt.autotune import autotune_mode, current_state
-
-            with autotune_mode(current_state()):
-                return self.stack.run(*launch.args, grid=launch.grid, warmup=True, **launch.kwargs())
+        if self.stack is not None:  # heuristics evaluated, every pruned config traced (``hooks.Adoption``)
+            return adoption().fake_run(self.stack, launch)
         args = tuple(as_kernel_arg(a) for a in launch.args)
         return self.jit_function.run(*args, grid=launch.grid, warmup=True, **launch.kwargs())
 

@@ -15,13 +15,14 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import describe_error
-from ..output import examples
-from .cache import PlanStore
-from .kernel import JitKernel
+from ...errors import describe_error
+from ...output import examples
+from ..cache import PlanStore
+from ..cache.plans import package_fingerprint
+from ..core.kernel import JitKernel
+from ..core.targets import Target
+from ..core.trace import Capture, Variant, tracing
 from .specs import LauncherImportedPerTarget, Spec, arguments_problem
-from .targets import Target
-from .trace import Capture, Variant, tracing
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Plan:
                 self.variants[variant.cache_hash] = Variant.from_json(variant.to_json())
             else:
                 known.rows += [r for r in variant.rows if r not in known.rows]
+                known.autotuned = known.autotuned and variant.autotuned
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
@@ -75,7 +77,7 @@ def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
     launcher's package, the source of every kernel it traced, the environment variables its trace
     read, Triton's version and cache-invalidating environment, the target) is not traced again: its
     plan is read back from the plan store. With
-    ``pool`` (``jit.pool.worker_pool``), the specs are traced in its worker processes.
+    ``pool`` (``jit.pipeline.pool.worker_pool``), the specs are traced in its worker processes.
     """
     return plan_targets(specs, [target], verify_collapse=verify_collapse, cache_dir=cache_dir, pool=pool)[target.name]
 
@@ -119,8 +121,8 @@ def plan_targets(specs: Iterable[Spec], targets: Iterable[Target], *, verify_col
 
 
 def _plan_spec_in_worker(file: str, index: int, target_name: str, verify_collapse: bool) -> dict:
+    from ..core.targets import TARGETS
     from .specs import load_spec_file
-    from .targets import TARGETS
 
     spec = load_spec_file(file)[index]
     return _plan_spec(spec, TARGETS[target_name], verify_collapse).to_json()
@@ -139,7 +141,7 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
     if stored is None:
         return None
     data, kernels = stored
-    if any(_source_key(name, target) != source_key for name, source_key in kernels.items()):
+    if any(_source_key(name) != source_key for name, source_key in kernels.items()):
         return None  # a kernel (or a @triton.jit function it calls) was edited
     read = data.get("environment_read") if isinstance(data, dict) else None
     if not isinstance(read, dict) or any(not isinstance(name, str) or os.environ.get(name) != value
@@ -153,23 +155,20 @@ def stored_plan(store: PlanStore, key: str, target: Target) -> Plan | None:
 
 def kernel_source_keys(the_plan: Plan) -> dict[str, str]:
     """Triton's source key of each kernel the plan traced: it changes with the kernel's source, its
-    first line, and the ``@triton.jit`` functions and constexpr globals it uses."""
+    first line, and the ``@triton.jit`` functions and constexpr globals it uses. For a kernel of code
+    tritonwarm did not write, the fingerprint of its package's files: a stored plan is data, and
+    reading one imports nothing (importing belongs to tracing and compiling, once per target)."""
     keys = {}
     for variant in the_plan.variants.values():
         name = variant.jit_function or variant.kernel  # "module:qualname" for a kernel of capture: all
         if name not in keys:
-            keys[name] = _source_key(name, the_plan.target)
+            keys[name] = _source_key(name)
     return keys
 
 
-def _source_key(kernel_name: str, target: Target | None = None) -> str | None:
+def _source_key(kernel_name: str) -> str | None:
     if ":" in kernel_name:
-        from .adopt.foreign import find_jit_function
-
-        try:  # as the target's process defines it (module-level constexprs are in the key)
-            return find_jit_function(kernel_name, target).cache_key
-        except LookupError:
-            return None
+        return "files:" + package_fingerprint(kernel_name.rpartition(":")[0])
     kernel = JitKernel.lookup(kernel_name)
     return kernel.jit_function.cache_key if kernel is not None else None
 
@@ -278,7 +277,7 @@ def environment_reads():
 
 
 def _call(spec: Spec, values: dict):
-    from .adopt.autotune import current_state, pin_error
+    from ..adopt.autotune import current_state, pin_error
 
     args, kwargs = spec.call_arguments(values)
     state = current_state()
@@ -342,7 +341,7 @@ def _where_variants_change(spec: Spec, target: Target, values: dict, name: str, 
                            expected: set[str]) -> tuple[int, int]:
     """Bisect between ``same`` (launches ``expected``) and ``other`` (launches something else) over
     values of their specialization class: the closest pair of the class, one of each kind."""
-    from .specialization import scalar_class
+    from ..core.specialization import scalar_class
 
     cls = scalar_class(same)
     step = 16 if cls.endswith("div16") else 1

@@ -23,17 +23,17 @@ from pathlib import Path
 
 from triton import knobs
 
-from .adopt.foreign import kernel_for
-from .cache import UnreadableEntry, entry_files
-from .cache.env import cache_bypassed
-from .cache.overlay import misses_fail_here, overlay_in_force
-from .cache.remote import fetch_from_fleet, serving_reads_the_fleet
-from .compile import triton_reads_instead
-from .dispatch_record import write_record
-from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
+from ..cache import UnreadableEntry, entry_files
+from ..cache.env import cache_bypassed
+from ..cache.overlay import misses_fail_here, overlay_in_force
+from ..cache.remote import fetch_from_fleet, serving_reads_the_fleet
+from ..cache.triton_dir import triton_reads_instead
+from ..core.dispatch_record import write_record
+from ..core.hooks import adoption
+from ..core.kernel import FakeLaunchSink, JitKernel, Launch, fake_launches, launch_observer
+from ..core.targets import Target, target_from_gpu_target
+from ..core.trace import Capture, Variant, _hook_lock
 from .miss import WarmedNeighbours
-from .targets import Target, target_from_gpu_target
-from .trace import Capture, Variant, _hook_lock
 
 log = logging.getLogger("tritonwarm")
 
@@ -206,10 +206,11 @@ class DispatchMonitor:
         """Watch real launches on this machine's GPU (a no-op for interpreted CPU launches)."""
         from triton.runtime.driver import driver
 
-        from .trace import constexpr_globals, disk_cache_hash, readable_args
+        from ..core.trace import constexpr_globals, disk_cache_hash, readable_args
 
         monitor = self
         started: dict[str, float] = {}
+        kernel_for = adoption().kernel_for
 
         def on_compile_request(*, key, fn, compile, **_):
             kernel = kernel_for(fn.jit_function)  # a JitKernel, or any other package's Triton kernel

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from .targets import Target
+from ..core.targets import Target
 
 
 def prime_key_material(targets: Iterable[Target]) -> None:
@@ -23,7 +23,7 @@ def prime_key_material(targets: Iterable[Target]) -> None:
     from triton.compiler.compiler import make_backend
     from triton.runtime.cache import triton_key
 
-    from .kernel import JitKernel
+    from ..core.kernel import JitKernel
 
     triton_key()
     for target in targets:

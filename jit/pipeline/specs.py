@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import yaml
 
-from ..errors import describe_error
-from .specialization import class_reps, fake_tensor, scalar_class
-from .targets import Target
+from ...errors import describe_error
+from ..core.specialization import class_reps, fake_tensor, scalar_class
+from ..core.targets import Target
 
 TOP_LEVEL_FIELDS = {"launcher", "kernel", "capture", "config", "description", "targets", "axes", "groups", "filter",
                     "args", "import_roots"}
@@ -312,7 +312,7 @@ def _build(template, row, serving: bool = False):
         if template.values is not None:
             tensor = tensor_with_values(tensor, _build(template.values, row))
         if serving:
-            from .adopt.server_tensors import as_server_tensor
+            from ..core.server_tensors import as_server_tensor
 
             tensor = as_server_tensor(tensor, template.path)
         return tensor
@@ -485,7 +485,7 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     targets = data.get("targets", [])
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise loc.error(("targets",), "must be a list of backends (cuda, hip) or target names")
-    from .targets import TARGETS
+    from ..core.targets import TARGETS
 
     for i, t in enumerate(targets):
         if t not in ("cuda", "hip") and t not in TARGETS:
@@ -755,26 +755,21 @@ def _module_and_attribute(kernel_path: str, loc: _Located, where: str) -> tuple[
 
 class LauncherImportedPerTarget:
     """A ``capture: all`` spec's launcher: its module is imported when a row is traced, under the
-    answers of the target traced for (``adopt.imports``), afresh for each target whose answers differ,
-    so import-time probes, autotune config lists and constexpr globals take that target's values."""
+    answers of the target traced for (``adopt.imports``), once for each target, so import-time
+    probes, autotune config lists and constexpr globals take that target's values."""
 
     def __init__(self, kernel_path: str, module_name: str, attr: str, where: str):
         self.kernel_path, self.module_name, self.attr, self.where = kernel_path, module_name, attr, where
         self.__module__ = module_name  # the plan store fingerprints the launcher's package
 
     def resolve(self, target=None):
-        from .adopt.imports import current_target, import_for_target
+        from ..adopt.imports import current_target, import_failure, import_for_target
 
         target = target if target is not None else current_target()
         try:
             module = import_for_target(self.module_name, target)
         except Exception as e:  # the module's own code failed at import: say which spec, module and target
-            from .adopt.server_tensors import raised_at
-
-            under = f" under {target.name}'s answers" if target is not None else ""
-            at = raised_at(e)
-            raise ImportError(f"{self.where}: importing {self.module_name}{under} failed"
-                              f"{f' at {at}' if at else ''}: {describe_error(e)}") from e
+            raise ImportError(f"{self.where}: {import_failure(self.module_name, target, e)}") from e
         launcher = module
         for part in self.attr.split("."):
             launcher = getattr(launcher, part, None)

@@ -116,7 +116,7 @@ def pointer_address(tensor: torch.Tensor) -> int:
 
 def _backing(tensor: torch.Tensor) -> str:
     """Where a tensor really is: a ``ServerTensor`` (host code sees ``cuda``) is meta or CPU underneath."""
-    from .adopt.server_tensors import backing_device
+    from .server_tensors import backing_device
 
     return backing_device(tensor).type
 
@@ -177,7 +177,7 @@ def cpu_twin(value):
     (lists, tuples and dicts walked); anything else unchanged. ``torch.empty`` touches no memory, so
     this is how warmed keys are compared with the keys Triton computes for real tensors."""
     if isinstance(value, torch.Tensor) and _backing(value) == "meta":
-        from .adopt.server_tensors import ServerTensor, plain
+        from .server_tensors import ServerTensor, plain
 
         elements = value.untyped_storage().nbytes() // value.element_size()
         twin = torch.empty(elements, dtype=value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())

@@ -1,0 +1,1 @@
+"""The warm-up pipeline: specs, plan, compile, pool, warm-up, check, shard."""
