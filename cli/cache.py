@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from ..errors import printable
-from ..output import mib, notes_now, width
+from ..output import mib, notes_now, say, width
 from .common import (
     SHIPPED_SPECS,
     UsageError,
@@ -81,8 +81,8 @@ def cmd_list(args) -> int:
     for line in _table_lines(table, width()):
         print(line)
     if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
-        print("-: REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
-              "`tritonwarm warmup` again reads them from the hsaco")
+        say("-: ", "REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
+                   "`tritonwarm warmup` again reads them from the hsaco")
     return 0
 
 

@@ -130,7 +130,7 @@ def cmd_warmup(args) -> int:
             if result.pruned:
                 from ..jit.pipeline.resources import pruned_line
 
-                print(f"{target.name}: {pruned_line(target.name, result.pruned)}")
+                say(f"{target.name}: ", pruned_line(target.name, result.pruned))
         if store is not None:
             pushes.append(_push(args, the_plan, cache_dir, store))
             problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
