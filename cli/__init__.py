@@ -21,14 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from .. import output
+
+    output.new_command()
     fp_fusion_note = _fp_fusion_warning_once(args)
+    if fp_fusion_note:  # said once the input is read (never beside a one-line error), before the result
+        output.note_later(fp_fusion_note, per_folder=True)
     from ..jit.pipeline.progress import heartbeat
 
     try:
         with heartbeat("tritonwarm " + getattr(args.func, "__name__", "").removeprefix("cmd_").replace("_", " ")):
             rc = args.func(args)
-        if fp_fusion_note:  # after the output, and never beside a one-line error
-            print(fp_fusion_note, file=sys.stderr)
+        output.notes_now()  # where a command did not say them before its result
         return rc
     except KeyboardInterrupt:
         print("tritonwarm: interrupted", file=sys.stderr)
@@ -37,14 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as e:  # every error a user can cause ends here, as one line
+        output.drop_notes()
         if os.environ.get("TRITONWARM_DEBUG"):
             traceback.print_exc()
         print(f"tritonwarm: error: {_one_line(e)}", file=sys.stderr)
         return 2
 
 
-FP_FUSION_NOTE = ("tritonwarm: note: TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until "
-                  "3.10) and warns; the value enters every key: set it identically when warming and serving")
+FP_FUSION_NOTE = ("TRITON_DEFAULT_FP_FUSION is unset: Triton {version} fuses (its default until 3.10) and warns; "
+                  "the value enters every key: set it identically when warming and serving")
 
 
 def _fp_fusion_warning_once(args) -> str | None:
@@ -74,6 +79,27 @@ def _one_line(e: Exception) -> str:
     return describe_error(e)
 
 
+class ArgumentsAnywhere(argparse.ArgumentParser):
+    """A parser whose positionals may come before, between or after its options
+    (``bundle create OUT --target sm90 warmup_specs/``), as with argparse's intermixed parsing.
+
+    Subcommands are parsers of this class too (argparse makes them of their parent's class). A parser
+    that has subcommands or takes a ``-- COMMAND`` remainder cannot be parsed intermixed (argparse
+    refuses it): it parses as usual, and its subcommand's own parser intermixes."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or any(a.nargs in (argparse.PARSER, argparse.REMAINDER)
+                                    for a in self._get_positional_actions()):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # intermixed parsing calls parse_known_args itself (Python <= 3.12)
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _parser() -> argparse.ArgumentParser:
     """Every command's arguments. Only light modules are imported here: ``--help`` and argument
     errors never pay for torch, Triton or the engine (each command imports what it needs)."""
@@ -82,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import bundle, cache, env, record, tune, warm
     from .examples import describe
 
-    p = argparse.ArgumentParser(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
+    p = ArgumentsAnywhere(prog="tritonwarm", description="Warm Triton's compile cache ahead of time.")
     p.add_argument("--version", action="version", version=f"tritonwarm {__version__}")
     sub = p.add_subparsers(metavar="COMMAND")
     warm.add_parsers(sub)

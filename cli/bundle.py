@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ..output import mib, plural, say
 from .bundle_env import bundle_differences, environment_name
 from .common import (
     SERVE_AT_HELP,
@@ -62,7 +63,7 @@ def add_parsers(sub) -> None:
 
     c = bsub.add_parser("create", help="write the entries the plan needs, their manifest rows and the "
                                         "environment fingerprint into one .tar.gz")
-    c.add_argument("out", metavar="OUT", help="the archive to write (e.g. warm-sm90.tar.gz); the specs follow it")
+    c.add_argument("out", metavar="OUT", help="the archive to write (e.g. warm-sm90.tar.gz)")
     add_spec_args(c)
     c.add_argument("--binary-only", action="store_true",
                    help="carry only what the runtime loads (cubin/hsaco + metadata), not the IR")
@@ -113,8 +114,9 @@ def _print(report, args, what: str) -> None:
         return
     targets = ", ".join(f"{t}: {n}" for t, n in report.targets.items()) or "none"
     kind = "binary-only" if report.binary_only else "full"
-    wrap_print(f"{what}: ", f"{report.path}: {report.entries} entries ({targets}), {report.files} files, {kind}, "
-               f"{report.archive_bytes / 1e6:.2f} MB")
+    path = "" if what.startswith(" ") else f"{report.path}: "  # a detail line under a verdict that names it
+    wrap_print(f"{what}: ", f"{path}{plural(report.entries, 'entry', 'entries')} ({targets}), "
+               f"{plural(report.files, 'file')}, {kind}, {mib(report.archive_bytes)}")
 
 
 def cmd_create(args) -> int:
@@ -168,7 +170,14 @@ def cmd_verify(args) -> int:
                           "bundle_environment": environment_name(bundle_fp), "signed_by": source.signed_by},
                          indent=1))
         return 1 if differences else 0
-    _print(report, args, "verified")
+    if differences:
+        verdict = (f"PROBLEMS: every member and hash verified, but its entries are keyed for another environment: "
+                   f"{judged} would miss them")
+    else:
+        keyed = f"{environment_name(bundle_fp)}, the environment it was built for" if carried else judged
+        verdict = f"ok: every member and hash verified, its entries keyed for {keyed}"
+    say(f"{args.bundle}: ", verdict)  # the verdict first: the details follow
+    _print(report, args, "  contents")
     if source.signed_by:
         print(f"  signature: good, by trusted key {source.signed_by}")
     for line in differences:
@@ -178,7 +187,7 @@ def cmd_verify(args) -> int:
         wrap_print("  environment: ", f"for {environment_name(bundle_fp)}; this runtime is {here}: judge it for a "
                    "server with --for ENV.json or --for-wheel WHEEL")
     else:
-        verdict = f": {len(report.differences)} difference(s): that runtime would miss its entries"
+        verdict = f": {plural(len(report.differences), 'difference')}: that runtime would miss its entries"
         wrap_print("  environment: ", f"{'differs from' if differences else 'matches'} {judged} "
                    f"({environment_name(runtime, source=False)})" + (verdict if differences else ""))
     return 1 if differences else 0

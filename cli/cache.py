@@ -8,8 +8,8 @@ import textwrap
 from pathlib import Path
 
 from ..errors import printable
+from ..output import mib, notes_now, say, width
 from .common import (
-    MAX_LINE,
     SHIPPED_SPECS,
     UsageError,
     add_cache_args,
@@ -72,23 +72,43 @@ def cmd_list(args) -> int:
     if not rows:
         print(f"no warmed variants in {cache_dir}")
         return 0
-    table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL", "SHARED", "ARGS")]
+    table = [("ID", "TARGET", "KERNEL", "WARPS", "STAGES", "REGS", "SPILL(B)", "SHARED(B)", "ARGS")]
     for r in rows:
         res = r.get("resources") or {}
         table.append(tuple(map(printable, (r["id"], r["target"], short_kernel(r["kernel"]), r["num_warps"],
                                            r["num_stages"], res.get("registers", "-"), res.get("local", "-"),
                                            res.get("shared", "-"), format_args(r["args"])))))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-    for row in table:  # ARGS wraps under its column: no line is longer than MAX_LINE
-        lead = "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  "
-        lines = textwrap.wrap(row[-1], max(40, MAX_LINE - len(lead)), break_long_words=False) or [""]
-        print(lead + lines[0])
-        for more in lines[1:]:
-            print(" " * len(lead) + more)
+    for line in _table_lines(table, width()):
+        print(line)
     if any("registers" not in (r.get("resources") or {}) and r["target"].startswith("gfx") for r in rows):
-        print("-: REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
-              "`tritonwarm warmup` again reads them from the hsaco")
+        say("-: ", "REGS and SPILL of these AMD entries were not recorded (warmed by an earlier tritonwarm): "
+                   "`tritonwarm warmup` again reads them from the hsaco")
     return 0
+
+
+def _table_lines(table: list[tuple[str, ...]], columns: int) -> list[str]:
+    """The table's rows within ``columns``: the last column (ARGS) wraps under itself where it has 30
+    columns left, else on lines of its own below its row; a column too wide for the terminal (long
+    kernel names) is cut, its full text left to ``--json``."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    others = sum(widths) + 2 * len(widths) - max(widths)
+    widest = widths.index(max(widths))
+    widths[widest] = max(12, min(widths[widest], columns - others))
+
+    def cell(text: str, w: int) -> str:
+        return (text if len(text) <= w else text[:w - 1] + "…").ljust(w)
+
+    lines = []
+    for row in table:
+        lead = "  ".join(cell(c, w) for c, w in zip(row[:-1], widths, strict=True)) + "  "
+        if columns - len(lead) >= 30:
+            wrapped = textwrap.wrap(row[-1], columns - len(lead), break_long_words=False) or [""]
+            lines += [lead + wrapped[0], *(" " * len(lead) + more for more in wrapped[1:])]
+        else:
+            lines.append(lead.rstrip())
+            lines += textwrap.wrap(row[-1], columns, initial_indent="    ", subsequent_indent="    ",
+                                   break_long_words=False)
+    return lines
 
 
 def cmd_show(args) -> int:
@@ -130,11 +150,11 @@ def cmd_du(args) -> int:
     print(f"{'TARGET':<8} {'KERNEL':<40} {'VARIANTS':>8} {'SIZE':>10}")
     for row in usage["kernels"]:
         print(f"{printable(row['target']):<8} {short_kernel(row['kernel']):<40} {row['variants']:>8} "
-              f"{_mib(row['bytes']):>10}")
+              f"{mib(row['bytes']):>10}")
     if usage["unmanaged"]["entries"]:
         print(f"{'-':<8} {'(Triton entries no manifest lists)':<40} {usage['unmanaged']['entries']:>8} "
-              f"{_mib(usage['unmanaged']['bytes']):>10}")
-    print(f"total {_mib(usage['total_bytes'])} in {cache_dir}")
+              f"{mib(usage['unmanaged']['bytes']):>10}")
+    print(f"total {mib(usage['total_bytes'])} in {cache_dir}")
     return 0
 
 
@@ -148,6 +168,7 @@ def cmd_prune(args) -> int:
         raise UsageError("say what to prune: --unplanned, --unused RECORD and/or --other-environments")
     cache_dir = read_cache_dir(args)
     target = target_name(args)
+    notes_now(cache_dir / "tritonwarm")
     planned = None
     if args.unplanned:
         names = [target] if target else [n for n in manifests(cache_dir) if n in TARGETS]
@@ -164,7 +185,7 @@ def cmd_prune(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for d in doomed:
         print(f"{verb}  {d['id']}  {printable(d['target']):<7} {short_kernel(d['kernel'])}  ({printable(d['why'])})")
-    print(f"{verb} {len(doomed)} variants, {_mib(sum(d['bytes'] for d in doomed))}")
+    print(f"{verb} {len(doomed)} variants, {mib(sum(d['bytes'] for d in doomed))}")
     return 0
 
 
@@ -193,10 +214,6 @@ def _planned_hashes(cache_dir, target, explicit_specs) -> set[str]:
         for config in sources["engine_configs"]:
             hashes |= set(engine_plan(config, target).variants)
     return hashes
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
 
 
 def cmd_targets(args) -> int:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import printable
+from ..output import notes_now, plural, say
 
 SHIPPED_SPECS = Path(__file__).resolve().parent.parent / "warmup_specs"
 
@@ -99,9 +100,12 @@ def prepare(args):
 
         load_engine_config(args.engine_config)  # bad input fails here, before anything is traced
     specs = load_specs(args.specs) if args.specs else [] if args.engine_config else load_specs([SHIPPED_SPECS])
-    what = f"{len(specs)} specs" + (f" and {args.engine_config}" if args.engine_config else "")
+    what = " and ".join([plural(len(specs), "spec")] * bool(specs) +
+                        [f"the engine config {args.engine_config}"] * bool(args.engine_config))
+    cache_dir = cache_dir_of(args)
+    notes_now(Path(cache_dir) / "tritonwarm")  # the input is good: the notes, before any result
     set_phase(f"tracing {what} for {', '.join(t.name for t in targets)}")
-    return specs, targets, cache_dir_of(args)
+    return specs, targets, cache_dir
 
 
 def plan_with_engine(args, specs, target, **kwargs):
@@ -190,21 +194,7 @@ def serving_env_lines(cache_dir) -> list[str]:
             f"SGLang, which sets TRITON_CACHE_DIR itself: ENV TRITON_CACHE_MANAGER={MANAGER} {WARMED_ENV}={quoted}"]
 
 
-MAX_LINE = 200  # no line of default output is longer: a person reads it in a terminal
-
-
-def wrap_print(prefix: str, text: str, file=None) -> None:
-    """``prefix + text`` as printed lines of at most ``MAX_LINE`` characters, the rest indented; ``text``
-    (which may hold names a cache, a bundle or Redis chose) with its control characters escaped."""
-    import textwrap
-
-    line = prefix + printable(text)
-    if len(line) <= MAX_LINE:
-        print(line, file=file)
-        return
-    indent = " " * (len(prefix) - len(prefix.lstrip()) + 4)
-    print("\n".join(textwrap.wrap(line, MAX_LINE, subsequent_indent=indent, break_long_words=False,
-                                  break_on_hyphens=False)), file=file)
+wrap_print = say  # ``prefix + text`` wrapped to the terminal (``output.say``)
 
 
 def short_kernel(kernel: str) -> str:
@@ -227,13 +217,15 @@ def public_entry(entry: dict) -> dict:
 
 
 class progress_bar:
-    """A tqdm bar on a terminal; silent otherwise (logs and --json stay clean)."""
+    """A tqdm bar on a terminal; elsewhere (a log) the progress lines say how many of the variants are
+    done (``warming sm90: 12/86 variants``); --json output stays clean."""
 
     def __init__(self, total: int, desc: str, quiet: bool):
         from ..jit.pipeline.progress import paused, set_phase
 
         self.bar, self.paused = None, contextlib.nullcontext()
-        set_phase(f"{desc}: {total} variants")
+        self.desc, self.total, self.done = desc, total, 0
+        set_phase(f"{desc}: 0/{total} variants")
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -243,6 +235,10 @@ class progress_bar:
 
     def __enter__(self):
         def tick(variant, outcome):
+            from ..jit.pipeline.progress import set_phase
+
+            self.done += 1
+            set_phase(f"{self.desc}: {self.done}/{self.total} variants")
             if self.bar is not None:
                 self.bar.set_postfix_str(f"{short_kernel(variant.kernel)} {outcome}", refresh=False)
                 self.bar.update(1)

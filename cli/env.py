@@ -10,6 +10,8 @@ import os
 import textwrap
 from pathlib import Path
 
+from ..output import width
+
 
 def add_parsers(sub) -> None:
     e = sub.add_parser("env", help="what enters every key here: Triton's key parts, Python, backends, cache env")
@@ -93,8 +95,9 @@ def cmd_env(args) -> int:
 
         bypassed = cache_bypassed()
         lines = format_env(fp) + [gpu_line(), *cache_lines()] + ([f"WARNING      {bypassed}"] if bypassed else [])
-        for line in lines:  # at most 200 characters a line, continued under the value column
-            print("\n".join(textwrap.wrap(line, 200, subsequent_indent=" " * 13, break_long_words=False,
+        columns = width()
+        for line in lines:  # as wide as the terminal, continued under the value column
+            print("\n".join(textwrap.wrap(line, columns, subsequent_indent=" " * 13, break_long_words=False,
                                            break_on_hyphens=False)) or line)
     return 0
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..errors import printable
+from ..output import EXAMPLES, examples, fold, fold_rows, plural, remember_notes, say
 from .bundle import add_shard_args, shard_of, sharded
 from .common import (
     SERVE_AT_HELP,
@@ -25,7 +26,6 @@ from .common import (
     serve_at_arg,
     short_kernel,
     target_name,
-    wrap_print,
 )
 from .env import add_for_args, keyed_for
 
@@ -65,8 +65,8 @@ def add_parsers(sub) -> None:
                         "Triton's own cache hits (`plain Triton: N/N hits`); no GPU needed, nothing compiled")
     add_for_args(c)
     c.add_argument("--verbose", "-v", action="store_true",
-                   help="one line per missing, corrupt or unreachable variant or row, and the redundant rows "
-                        "(rows whose variants other rows already give)")
+                   help="one line per missing, corrupt or unreachable variant or row, per row without a stored "
+                        "autotune winner, and per row that adds no variant of its own")
     c.set_defaults(func=cmd_check)
 
 
@@ -118,25 +118,28 @@ def cmd_warmup(args) -> int:
         compile_seconds = round(time.perf_counter() - started, 3)
     for target, result in zip(targets, results, strict=True):
         the_plan = plans[target.name]
-        problems += the_plan.errors + the_plan.collapse_errors + result.failures
+        problems += the_plan.errors + the_plan.collapse_errors + fold_failures(result.failures)
         problems += [p for p in _store_pinned_winners(specs, target, cache_dir) if p not in problems]
         if result.manifest_set_aside:
             print(f"{target.name}: the manifest was damaged (kept as {result.manifest_set_aside}); rebuilt "
                   "from the entries that verify", file=sys.stderr)
         if not args.json:
-            print(f"{target.name}: {result.planned} planned from {the_plan.rows} rows: "
-                  f"{result.compiled} compiled, {result.cached} already cached, {result.failed} failed "
-                  f"in {result.seconds:.1f} s")
+            failed = plural(result.failed, "variant") + (f" and {plural(len(the_plan.failed_rows), 'row')}"
+                                                          if the_plan.failed_rows else "")
+            say(f"{target.name}: ", f"{plural(result.planned, 'variant')} planned from {plural(the_plan.rows, 'row')}: "
+                f"{result.compiled} compiled, {result.cached} already cached, {failed} failed "
+                f"in {result.seconds:.1f} s")
             if result.c_launchers:
                 print(f"{target.name}: {result.c_launchers['summary']}")
             if result.pruned:
                 from ..jit.pipeline.resources import pruned_line
 
-                print(f"{target.name}: {pruned_line(target.name, result.pruned)}")
+                say(f"{target.name}: ", pruned_line(target.name, result.pruned))
         if store is not None:
             pushes.append(_push(args, the_plan, cache_dir, store))
             problems += [f"{target.name} {v}: not in the local cache, not pushed" for v in pushes[-1].not_local]
     totals = {k: sum(getattr(r, k) for r in results) for k in ("planned", "compiled", "cached", "failed")}
+    totals["failed_rows"] = sum(len(plans[t.name].failed_rows) for t in targets)
     totals["seconds"] = compile_seconds  # the compile phase's wall time (targets overlap in the pool)
     totals["trace_seconds"] = trace_seconds
     if args.json:
@@ -144,9 +147,27 @@ def cmd_warmup(args) -> int:
                           "pushed": [p.to_json() for p in pushes], "problems": problems}, indent=1))
     else:
         print(f"cache: {cache_dir}")
-        for line in problems:
-            print(f"problem: {line}", file=sys.stderr)
+        for line in fold_rows(problems):
+            say("problem: ", line, file=sys.stderr)
+    remember_notes(Path(cache_dir) / "tritonwarm")  # its notes, said for the folder it warmed
     return 1 if problems else 0
+
+
+def fold_failures(failures: list[str]) -> list[str]:
+    """Compile failures (``kernel id: error``), one line per error with how many variants it failed and
+    of which kernels: a module that cannot be imported again fails every variant alike."""
+    def error(line: str) -> str:  # a line of another form (a C launcher's) is its own cause
+        variant, _, message = line.partition(": ")
+        return message if len(variant.split(" ")) == 2 and not line.startswith("C launcher") else line
+
+    lines = []
+    for message, same in fold(failures, error).items():
+        if len(same) == 1:
+            lines += same
+            continue
+        kernels = examples(short_kernel(line.split(" ", 1)[0]) for line in same)
+        lines.append(f"{len(same)} variants ({kernels}) failed to compile: {message}")
+    return lines
 
 
 def _store_pinned_winners(specs, target, cache_dir) -> list[str]:
@@ -196,18 +217,18 @@ def cmd_check(args) -> int:
                           "targets": [r.to_json() for r in reports],
                           **({"plain": plain.to_json()} if plain else {})}, indent=1))
     else:
-        wrap_print("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
-                   (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
+        say("cache: ", f"{cache_dir}" + (f" ({note})" if note else "") +
+            (f", read as a server that mounts it at {serve_at} reads it" if serve_at else ""))
         if serve_at is None:  # this machine is not that server
             note_where_triton_reads(cache_dir)
         for r in reports:
             _print_check(r, args.verbose)
         for line in plain.lines() if plain else []:
-            wrap_print("", line)
+            say("", line)
         if plain and args.verbose:
             for m in plain.compiles + plain.errors + plain.other_hashes:
-                wrap_print("  plain  ", f"{m['id']}  {short_kernel(m['kernel'])}  {m['target']}"
-                           + (f"  {m['why']}" if m.get("why") else ""))
+                say("  plain  ", f"{m['id']}  {short_kernel(m['kernel'])}  {m['target']}"
+                    + (f"  {m['why']}" if m.get("why") else ""))
     return 0 if ok else 1
 
 
@@ -216,16 +237,16 @@ def _keyed_for_a_server(args) -> bool:
 
 
 def _print_check(r, verbose: bool) -> None:
-    """One line per cause, with its count; ``verbose`` adds a line per variant or row."""
+    """One line per cause, with its count and at most three examples; ``verbose`` adds a line per
+    variant or row."""
     from ..jit.pipeline.resources import over_limit_line, pruned_line
 
     status = "ok" if r.ok else "PROBLEMS"
     unreadable = f"{len(r.unreadable)} unreadable, " if r.unreadable else ""
     over = f"{len(r.over_limits)} over limits, " if r.over_limits else ""
-    print(f"{r.target}: {status}: {r.planned} planned, {len(r.missing)} missing, "
-          f"{len(r.corrupt)} corrupt, {unreadable}{over}{len(r.unreachable)} unreachable rows, "
-          f"{len(r.redundant)} redundant rows")
-    say = wrap_print
+    repeat = f" ({len(r.redundant)} of them only repeat other rows' variants)" if r.redundant else ""
+    say(f"{r.target}: ", f"{status}: {plural(r.planned, 'variant')} planned from {plural(r.rows, 'row')}{repeat}, "
+        f"{len(r.missing)} missing, {len(r.corrupt)} corrupt, {unreadable}{over}{len(r.unreachable)} unreachable rows")
     if r.interrupted:
         say("  interrupted: ", r.interrupted)
     if r.manifest_problem:
@@ -263,21 +284,49 @@ def _print_check(r, verbose: bool) -> None:
                   f"{r.c_launcher_fix}")
     if r.driver_utilities:
         say("  warning: ", r.driver_utilities)
-    if verbose or len(r.unreachable) <= 3:
+    if verbose or len(r.unreachable) <= EXAMPLES:
         for row in r.unreachable:
             say("  unreachable row: ", f"{row} launches no kernel")
     else:
-        say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel, first {r.unreachable[0]} (--verbose "
+        say("  ", f"{len(r.unreachable)} unreachable rows launch no kernel: {examples(r.unreachable)} (--verbose "
                   "lists them)")
-    for line in r.errors + r.collapse_errors:
+    for line in r.errors + r.collapse_errors if verbose else fold_rows(r.errors + r.collapse_errors):
         say("  error: ", line)
-    for line in r.unknown_winners:
-        say("  winner unknown: ", line)
+    if verbose:
+        for line in r.unknown_winners:
+            say("  winner unknown: ", line)
+    else:
+        for line in fold_unknown_winners(r.unknown_winners):
+            say("  winner unknown: ", line)
     for line in r.notes:
         say("  note: ", line)
     if verbose:
         for row in r.redundant:
-            print(f"  redundant row: {row}")
+            say("  repeats other rows: ", f"{row} (other rows launch every variant it launches)")
+
+
+def fold_unknown_winners(lines: list[str]) -> list[str]:
+    """Autotuned calls serving would benchmark (``row: kernel: cause``): one line per kernel and cause,
+    with how many rows and what stores their winners."""
+    from ..jit.adopt.autotune import NO_WINNER, UNKNOWN_WINNER_CAUSES
+
+    def kernel_and_cause(line: str) -> tuple[str, str]:
+        cause = next((c for c in UNKNOWN_WINNER_CAUSES if line.endswith(c)), "")
+        return line[:len(line) - len(cause)].rstrip(": ").rpartition(": ")[2], cause
+
+    folded = []
+    for (kernel, cause), rows in fold(lines, kernel_and_cause).items():
+        if not cause:  # not a line of the usual form: as it is
+            folded += rows
+            continue
+        labels = [line[:len(line) - len(cause)].rstrip(": ").rpartition(": ")[0] for line in rows]
+        first = f", first {labels[0]}" if labels[0] else ""
+        todo = ("serving benchmarks it: store the winners with `tritonwarm tune SPEC --target local` on a GPU of "
+                "this target, or pin a config per row (config: in the spec) and warm up" if cause == NO_WINNER
+                else cause)
+        folded.append(f"{short_kernel(kernel)}: {plural(len(rows), 'row')}{first}: "
+                      + ("no stored winner: " if cause == NO_WINNER else "") + todo)
+    return folded
 
 
 def summarise_rows(r) -> list[str]:
@@ -287,8 +336,7 @@ def summarise_rows(r) -> list[str]:
     for m in r.missing:
         causes.setdefault(m.get("cause") or "not warmed", []).append(m)
     for cause, rows in causes.items():
-        kernels = sorted({short_kernel(m["kernel"]) for m in rows})
-        named = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
+        named = examples(sorted({short_kernel(m["kernel"]) for m in rows}))
         lines.append(f"missing: {len(rows)} ({cause}): {named}: {MISSING_ADVICE.get(cause, rows[0].get('why') or '')}"
                      .rstrip(": ") + " (--verbose lists each)")
     damaged = [m for m in r.corrupt if not m.get("why")]
@@ -338,7 +386,8 @@ def _check_trace(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print("\n".join(format_trace_report(report)))
+        for line in format_trace_report(report, verbose=args.verbose):
+            say("", line)
     return 0 if report.ok else 1
 
 
@@ -377,11 +426,18 @@ def _check_remote(args) -> int:
     for r in reports:
         trust = f"authenticated with fleet key {r.key_id}" if r.key_id else \
             "unauthenticated: no fleet key (TRITONWARM_REDIS_KEY or TRITONWARM_REDIS_KEY_FILE)"
-        print(f"{r.target}: {'ok' if r.ok else 'PROBLEMS'}: {r.url}: {r.planned} planned, {len(r.present)} present, "
-              f"{len(r.missing)} missing, {len(r.corrupt)} corrupt" + (f", {len(r.forged)} forged" if r.key_id else "")
-              + f"; {trust}")
+        say(f"{r.target}: ", f"{'ok' if r.ok else 'PROBLEMS'}: {r.url}: {plural(r.planned, 'variant')} planned, "
+            f"{len(r.present)} present, {len(r.missing)} missing, {len(r.corrupt)} corrupt"
+            + (f", {len(r.forged)} forged" if r.key_id else "") + f"; {trust}")
         for state in ("missing", "corrupt", "forged"):
-            for m in getattr(r, state):
-                print(f"  {state:<8} {m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
-                      (f"  ({printable(m['why'])})" if m.get("why") else ""))
+            if args.verbose:
+                for m in getattr(r, state):
+                    say(f"  {state:<8} ", f"{m['id']}  {short_kernel(m['kernel'])}  {format_args(m['args'])}" +
+                        (f"  ({printable(m['why'])})" if m.get("why") else ""))
+                continue
+            for why, rows in fold(getattr(r, state), lambda m: m.get("why") or "").items():
+                kernels = examples(short_kernel(m["kernel"]) for m in rows)
+                fix = "pushes" if state == "missing" else "replaces"
+                say(f"  {state}: ", f"{plural(len(rows), 'variant')} of {kernels}" + (f" ({why})" if why else "")
+                    + f": `tritonwarm warmup --push URL` {fix} them (--verbose lists each)")
     return 0 if ok else 1

@@ -85,6 +85,10 @@ def cmd_engine_run(args) -> int:
         print(f"tritonwarm: {note}", file=sys.stderr)
     config = load_engine_config(args.config)
     requests = make_workload(config, args.requests, args.max_tokens, seed=args.seed)
+    from ..jit.cache.layout import resolve_cache_dir
+    from ..output import notes_now
+
+    notes_now(resolve_cache_dir(args.cache_dir) / "tritonwarm")  # the input is good: the notes, before the result
     try:
         report = serve(config, requests, mode=args.mode, policy=args.jit_policy,
                        dry_run_target=args.target if args.dry_run else None, cache_dir=args.cache_dir,
@@ -145,9 +149,11 @@ def kv_cache_summary(config, memory_gib: float | None = None) -> dict:
 
 
 def format_kv_cache_summary(summary: dict) -> str:
+    from ..output import mib
+
     line = (f"KV cache {summary['kv_cache_dtype']}: {summary['kv_bytes_per_token_layer']} bytes per token and layer, "
-            f"{summary['kv_bytes_per_token']} in all layers; {summary['kv_cache_tokens']} tokens in "
-            f"{summary['kv_cache_bytes'] / 2**20:.1f} MiB")
+            f"{summary['kv_bytes_per_token']} bytes per token in all layers; {summary['kv_cache_tokens']} tokens in "
+            f"{mib(summary['kv_cache_bytes'])}")
     if "kv_tokens_at_memory" in summary:
         line += f"; {summary['kv_memory_gib']:g} GiB hold {summary['kv_tokens_at_memory']} tokens"
     return line

@@ -113,7 +113,7 @@ class Engine:
         result = RunResult()
         pending = deque(sorted(requests, key=lambda r: (r.arrival_step, r.request_id)))
         sequences = {}
-        preemptions_before = self.scheduler.num_preemptions
+        preemptions_before, finished_before = self.scheduler.num_preemptions, len(self.scheduler.finished)
         step, start = 0, time.perf_counter()
         while pending or self.scheduler.has_work:
             while pending and pending[0].arrival_step <= step:
@@ -134,7 +134,9 @@ class Engine:
                 result.first_token_seconds = time.perf_counter() - start
             result.steps += 1
             result.tokens_processed += batch.num_tokens
-            set_phase(f"serving {len(requests)} requests: step {result.steps}, {result.tokens_processed} tokens")
+            done = len(self.scheduler.finished) - finished_before
+            set_phase(f"serving: {done}/{len(requests)} requests done, step {result.steps}, "
+                      f"{result.tokens_processed} tokens")
             if monitor is not None:
                 for cache_hash in monitor.dispatches.keys() - result.first_seen.keys():
                     result.first_seen[cache_hash] = {"step": step, "requests": len(batch.work),

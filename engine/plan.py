@@ -183,7 +183,8 @@ def check_trace(record_path: str | Path, cache_dir: str | Path, target: str | No
                 report.warmed_since.append(miss)  # the manifest says a warm-up put it there: served next time
                 continue
             reason = neighbours.why(line)
-            report.misses.append({**miss, "why": reason.line if reason else None})
+            report.misses.append({**miss, "why": reason.line if reason else None,
+                                  "cause": reason.kind if reason else None})
     used = {line["cache_hash"] for line in launched}
     for cache_hash, entry in sorted(recorded.items()):
         if cache_hash not in used and _present(Path(cache_dir), entry):
@@ -198,19 +199,48 @@ def _present(cache_dir: Path, entry: dict) -> bool:
         return False
 
 
-def format_trace_report(report: TraceReport) -> list[str]:
-    lines = [f"{report.target}: {'ok' if report.ok else 'MISSES'}: {report.launched} variants launched, "
+def format_trace_report(report: TraceReport, verbose: bool = False) -> list[str]:
+    """The summary, then one line per cause with its count and at most three kernels named;
+    ``verbose`` lists every variant instead."""
+    from ..output import examples, fold, plural
+
+    lines = [f"{report.target}: {'ok' if report.ok else 'MISSES'}: {plural(report.launched, 'variant')} launched, "
              f"{len(report.misses)} missed the cache, {len(report.unused)} warmed but never used"
              + (f", {len(report.warmed_since)} missed when recorded and warmed since" if report.warmed_since else "")]
-    for m in report.misses:
-        first = m.get("first") or {}
-        where = f" first at step {first['step']} (batch={first['requests']}, tokens={first['tokens']})" if first else ""
-        args = " ".join(f"{k}:{v}" for k, v in m["args"].items())
-        lines.append(f"  miss    {m['id']}  {m['kernel'].rsplit('.', 1)[-1]}{where}  {args}")
-        if m.get("why"):
-            lines.append(f"          {m['why']}")
-    for w in report.warmed_since:
-        lines.append(f"  warmed  {w['id']}  {w['kernel'].rsplit('.', 1)[-1]}  (missed when recorded, warmed since)")
-    for u in report.unused:
-        lines.append(f"  unused  {u['id']}  {u['kernel'].rsplit('.', 1)[-1]}")
+    if verbose:
+        for m in report.misses:
+            args = " ".join(f"{k}:{v}" for k, v in m["args"].items())
+            lines.append(f"  miss    {m['id']}  {_short(m['kernel'])}{_first_at(m)}  {args}")
+            if m.get("why"):
+                lines.append(f"          {m['why']}")
+        for w in report.warmed_since:
+            lines.append(f"  warmed  {w['id']}  {_short(w['kernel'])}  (missed when recorded, warmed since)")
+        for u in report.unused:
+            lines.append(f"  unused  {u['id']}  {_short(u['kernel'])}")
+        return lines
+    for cause, misses in fold(report.misses, lambda m: m.get("cause") or "not warmed").items():
+        first = min(misses, key=lambda m: (m.get("first") or {}).get("step", float("inf")))
+        why = first.get("why") or ("not in the cache: warm the plan recorded on the server (`tritonwarm record "
+                                   "--trace`), or specs that launch them")
+        lines.append(f"  missed: {plural(len(misses), 'variant')} ({cause}) of "
+                     f"{examples(_short(m['kernel']) for m in misses)}{_first_at(first)}: {why}")
+    if report.warmed_since:
+        lines.append(f"  warmed since: {plural(len(report.warmed_since), 'variant')} of "
+                     f"{examples(_short(w['kernel']) for w in report.warmed_since)} missed when recorded and are in "
+                     "the cache now")
+    if report.unused:
+        lines.append(f"  never used: {plural(len(report.unused), 'warmed variant')} of "
+                     f"{examples(_short(u['kernel']) for u in report.unused)}: `tritonwarm prune --unused RECORD` "
+                     "removes them")
+    if report.misses or report.unused or report.warmed_since:
+        lines.append("  (--verbose lists each variant)")
     return lines
+
+
+def _short(kernel: str) -> str:
+    return kernel.rsplit(".", 1)[-1]
+
+
+def _first_at(miss: dict) -> str:
+    first = miss.get("first") or {}
+    return f" first at step {first['step']} (batch={first['requests']}, tokens={first['tokens']})" if first else ""

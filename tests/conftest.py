@@ -17,6 +17,9 @@ _SESSION_DIR = tempfile.mkdtemp(prefix="tritonwarm-tests-")
 os.environ["TRITON_CACHE_DIR"] = os.path.join(_SESSION_DIR, "triton-cache")
 os.environ["TRITONWARM_CACHE_DIR"] = os.path.join(_SESSION_DIR, "tritonwarm-cache")
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence Triton 3.9's default-change warning
+os.environ.pop("COLUMNS", None)  # output as a log gets it (200 columns), whatever terminal runs the tests
+os.environ.setdefault("TRITONWARM_PROGRESS_SECONDS", "0")  # no progress line in output a test reads, however
+# loaded the machine is (the tests of progress lines set their own interval)
 warnings.filterwarnings("ignore", module="triton")
 
 # Test files whose outcome can depend on the Triton release: its specializer, binder and keys, its

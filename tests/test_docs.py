@@ -231,6 +231,52 @@ def test_documented_commands_parse(args, kind):
             assert option in known, f"tritonwarm {' '.join(args)}: {option} is not an option of this command"
 
 
+def _options_and_positionals(leaf: argparse.ArgumentParser, words: list[str]):
+    """``(option chunks, positional words)`` of a command's words after its subcommands, or None where
+    the order of the words is not free (a ``-- COMMAND`` remainder, an option of a variable count)."""
+    if "--" in words or any(a.nargs == argparse.REMAINDER for a in leaf._actions):
+        return None
+    chunks, positionals, i = [], [], 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("-") or word == "-":
+            positionals.append(word)
+            i += 1
+            continue
+        action = leaf._option_string_actions.get(word.split("=", 1)[0])
+        if action is None or action.nargs in ("?", "*", "+"):
+            return None
+        takes = 0 if "=" in word else 1 if action.nargs is None else action.nargs
+        chunks.append(words[i:i + 1 + takes])
+        i += 1 + takes
+    return chunks, positionals
+
+
+def test_documented_commands_parse_in_any_order():
+    """Positionals may come before, between or after options: each documented command, with its
+    positionals moved after its options, before them and between them, parses to the same namespace."""
+    parser, moved = _parser(), 0
+    commands = [p.values[0] for p in command_lines() if p.values[1] == "full"]
+    commands.append(["bundle", "create", "OUT", "--engine-config", "deepseek-v2-lite", "warmup_specs/"])
+    for args in commands:
+        namespace, error = _parse(parser, args)
+        leaf, rest = _leaf(parser, args)
+        split = _options_and_positionals(leaf, rest)
+        if namespace is None or error or split is None:
+            continue
+        chunks, positionals = split
+        subcommands = args[:len(args) - len(rest)]
+        interleaved = [word for i in range(max(len(chunks), len(positionals)))
+                       for word in [*positionals[i:i + 1], *(chunks[i] if i < len(chunks) else [])]]
+        for order in (sum(chunks, []) + positionals, positionals + sum(chunks, []), interleaved):
+            reordered = [*subcommands, *order]
+            again, error = _parse(parser, reordered)
+            assert not error, f"tritonwarm {shlex.join(reordered)} (reordered from {shlex.join(args)}): {error}"
+            assert vars(again) == vars(namespace), f"tritonwarm {shlex.join(reordered)}"
+            moved += reordered != args
+    assert moved >= 10  # the examples do have positionals to move
+
+
 def test_commands_are_found():
     kinds = [p.values[1] for p in command_lines()]
     assert kinds.count("full") >= 20 and kinds.count("synopsis") >= 5 and kinds.count("name") >= 5

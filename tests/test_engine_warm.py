@@ -178,8 +178,11 @@ def test_unwarmed_batch_sizes_are_refused_and_found_by_check_trace(monkeypatch, 
     assert {m["first"]["tokens"] for m in trace.misses} == {7}
     assert all(m["kernel"] == "tests.engine.tuned_rms_norm" for m in trace.misses)
     assert trace.unused  # the 16-row variants: warmed, never used by this workload
-    text = "\n".join(format_trace_report(trace))
+    text = "\n".join(format_trace_report(trace, verbose=True))
     assert f"miss    {trace.misses[0]['id']}  tuned_rms_norm first at step 0 (batch=1, tokens=7)" in text
+    folded = format_trace_report(trace)
+    assert len(folded) <= 5 and folded[1].startswith(f"  missed: {len(trace.misses)} variant"), folded
+    assert "tuned_rms_norm first at step 0 (batch=1, tokens=7)" in folded[1], folded
 
 
 @pytest.mark.slow

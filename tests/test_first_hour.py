@@ -81,7 +81,7 @@ def test_default_warmup_fills_the_folder_a_plain_triton_process_reads(custom_ker
     assert f"cache: {tmp_path / 'home' / '.triton' / 'cache'}" in out
     assert plain_triton_compiles(code, user) == 0
     checked = run_cli("check", spec, "--target", "sm90", rc=0, env=user).stdout
-    assert "sm90: ok: 1 planned, 0 missing" in checked
+    assert "sm90: ok: 1 variant planned from " in checked and ", 0 missing" in checked
     assert "add_const" in run_cli("list", rc=0, env=user).stdout
 
 
@@ -107,14 +107,14 @@ def test_check_of_a_copied_cache_fails_and_names_the_folder_it_reads(tmp_path, d
     run_cli("warmup", dtypes_spec_file, "--target", "sm90", "-j", "1", "--cache-dir", original, rc=0)
     subprocess.run(["cp", "-r", str(original), str(copy)], check=True)
     out = run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", copy, rc=1).stdout
-    assert "sm90: PROBLEMS: 2 planned, 0 missing" in out
+    assert "sm90: PROBLEMS: 2 variants planned from " in out and ", 0 missing" in out
     flat = " ".join(out.split())
     assert (f"why: 2 planned variants are read from {original}, not from {copy}: its group files name files there "
             "(a copied cache): a server without that folder misses them: move a cache with `tritonwarm bundle "
             "create` + `bundle install` (`--serve-at PATH` for another mount path)") in flat
     assert all(len(line) <= 200 for line in out.splitlines())
     same = run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", copy, "--same-machine", rc=0).stdout
-    assert "sm90: ok: 2 planned" in same and f"note: 2 planned variants are read from {original}" in same
+    assert "sm90: ok: 2 variants planned from " in same and f"note: 2 planned variants are read from {original}" in same
     run_cli("check", dtypes_spec_file, "--target", "sm90", "--cache-dir", original, rc=0)  # the original itself
 
 
@@ -144,7 +144,7 @@ def test_a_failed_trace_is_not_stored_the_next_warmup_traces_again(custom_kernel
     assert not list((tmp_path / "cache" / "tritonwarm" / "plans").glob("*.json"))
     fixed = {**env, "PYTHONPATH": os.pathsep.join([str(extra), env["PYTHONPATH"]])}
     out = run_cli(*args, rc=0, env=fixed).stdout
-    assert "sm90: 1 planned from 1 rows: 1 compiled" in out
+    assert "sm90: 1 variant planned from 1 row: 1 compiled" in out
 
 
 SLOW_LAUNCHER = """

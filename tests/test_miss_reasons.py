@@ -293,7 +293,7 @@ def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp
     (tmp_path / "fp16.yaml").write_text(FP16_ONLY)
     env = {**os.environ, "TRITON_ALWAYS_COMPILE": "1", "TRITON_CACHE_DIR": str(fp16_cache)}
     out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, rc=1, env=env).stdout
-    assert "sm90: PROBLEMS: 1 planned, 0 missing" in out
+    assert "sm90: PROBLEMS: 1 variant planned from " in out and ", 0 missing" in out
     assert "runtime: TRITON_ALWAYS_COMPILE is set: Triton compiles every kernel at its first launch" in out
     assert "WARNING      TRITON_ALWAYS_COMPILE is set" in run_cli("env", rc=0, env=env).stdout
 
@@ -303,7 +303,8 @@ def test_check_and_env_name_a_runtime_that_compiles_whatever_the_cache_holds(tmp
     env["TRITON_CACHE_DIR"] = str(tmp_path / "elsewhere")
     out = run_cli("check", tmp_path / "fp16.yaml", "--target", "sm90", "--cache-dir", fp16_cache, "--for", serving,
                   rc=0, env=env).stdout
-    assert "sm90: ok: 1 planned, 0 missing" in out and "runtime:" not in out and "note: Triton" not in out
+    assert "sm90: ok: 1 variant planned from " in out and ", 0 missing" in out
+    assert "runtime:" not in out and "note: Triton" not in out
 
 
 def test_a_variant_whose_compile_failed_is_named_as_failed_with_its_error_row_and_module(tmp_path, run_cli):

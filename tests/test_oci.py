@@ -333,7 +333,7 @@ def test_the_docs_commands_run_as_written(tmp_path, registry, spec_file):
     assert proc.stdout.count("Signature and comment signature verified") == 2
     assert proc.stdout.count("signature: good, by trusted key") == 5
     assert "installed 2, already there 0 of 2 entries into" in proc.stdout
-    assert "sm90: ok: 2 planned, 0 missing" in proc.stdout
+    assert "sm90: ok: 2 variants planned from " in proc.stdout and ", 0 missing" in proc.stdout
 
 
 def test_layer_members_are_counted_as_they_are_read(tmp_path):

@@ -259,6 +259,9 @@ def test_an_entry_holding_another_keys_files_is_refused_by_serving_and_by_check(
     monkeypatch.delenv("TRITON_CACHE_MANAGER")
     assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url]) == 1
     out = capsys.readouterr().out
+    assert "  corrupt: 1 variant of rms_norm_kernel (" in out and "another kernel's files" in out, out
+    assert main(["check", str(spec), "--target", "sm90", "--remote", redis_server.url, "--verbose"]) == 1
+    out = capsys.readouterr().out
     assert f"corrupt  {b.variant_id}" in out and "another kernel's files" in out
 
 

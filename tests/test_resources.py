@@ -135,10 +135,23 @@ def fixture_cache(tmp_path_factory):
     return spec, cache, rc, out.getvalue() + err.getvalue()
 
 
+def _problem_lines(output: str) -> list[str]:
+    """The warm-up's ``problem:`` lines, each read flat (a line longer than the log's width wraps)."""
+    problems, in_problem = [], False
+    for line in output.splitlines():
+        if line.startswith("problem: "):
+            problems.append(line)
+        elif in_problem and line.startswith("    "):
+            problems[-1] += " " + line.strip()
+            continue
+        in_problem = line.startswith("problem: ")
+    return problems
+
+
 def test_warmup_fails_a_variant_over_the_limit_and_prunes_the_autotune_config(fixture_cache):
     spec, cache, rc, output = fixture_cache
     assert rc == 1
-    problems = [line for line in output.splitlines() if line.startswith("problem:")]
+    problems = _problem_lines(output)
     assert len(problems) == 1, output
     line = problems[0]
     # the kernel, the row, what it needs against the limit, what sets it
@@ -146,7 +159,7 @@ def test_warmup_fails_a_variant_over_the_limit_and_prunes_the_autotune_config(fi
     assert re.search(r"shared memory 2\d\d,\d\d\d bytes per block > 232,448", line)
     assert "BLOCK_K=128" in line and "num_stages=6" in line and "*fp16" in line
     assert "sm90: 1 autotune config over sm90's launch limits (tuned_gemm_kernel 1): pruned" in output
-    assert "4 planned" in output and "1 failed" in output
+    assert "4 variants planned from 3 rows" in output and "1 variant failed" in output
 
 
 def test_check_exits_1_on_a_cached_variant_over_the_limit(fixture_cache, capsys):
@@ -154,7 +167,7 @@ def test_check_exits_1_on_a_cached_variant_over_the_limit(fixture_cache, capsys)
     capsys.readouterr()
     assert main(["check", str(spec), "--target", "sm90", "--cache-dir", str(cache)]) == 1
     out = capsys.readouterr().out
-    assert "sm90: PROBLEMS: 4 planned, 0 missing, 0 corrupt, 1 over limits" in out
+    assert "sm90: PROBLEMS: 4 variants planned from 3 rows, 0 missing, 0 corrupt, 1 over limits" in out
     assert re.search(r"over limits: 1 \(tile_gemm_kernel\): shared memory up to 2\d\d,\d\d\d bytes per block > "
                      r"232,448 on sm90 \(\w+: BLOCK_M=64 BLOCK_N=128 BLOCK_K=128 num_warps=4 num_stages=6", out)
     assert "1 autotune config over sm90's launch limits (tuned_gemm_kernel 1): pruned" in out
@@ -219,7 +232,7 @@ def test_a_kernel_of_another_library_over_the_limit_is_checked_the_same(fixture_
     capsys.readouterr()
     assert main(["check", str(direct), "--target", "sm90", "--cache-dir", str(cache)]) == 1
     out = capsys.readouterr().out
-    assert "2 planned, 0 missing" in out and "over limits: 1 (tile_gemm_kernel)" in out
+    assert "2 variants planned from 2 rows, 0 missing" in out and "over limits: 1 (tile_gemm_kernel)" in out
 
 
 # ----------------------------------------------------------------------------- tiles that fit

@@ -194,23 +194,29 @@ def _serving_reads_winners(self: Autotuner) -> bool:
     return bool(self.cache_results or knobs.autotuning.cache)
 
 
+# Why a call would benchmark at serving time: each ``unknown`` line is ``row: kernel: <one of these>``.
+NO_WINNER = "no stored winner: serving benchmarks it (tritonwarm tune, or pin a config)"
+PRE_HOOK = "a config has a pre_hook, which Triton cannot store: it benchmarks"
+NOT_READ = ("a winner is stored, but this autotuner does not read it: pass cache_results=True or set "
+            "TRITON_CACHE_AUTOTUNING=1 where it is imported")
+UNKNOWN_WINNER_CAUSES = (NO_WINNER, PRE_HOOK, NOT_READ)
+
+
 def _probe(self: Autotuner, args, kwargs, state: AutotuneState, where: str) -> None:
     def no_benchmark(*_, config, **__):
         raise _NoWinner
 
     if any(c.pre_hook for c in self.configs):
-        state.unknown.append(f"{where}: a config has a pre_hook, which Triton cannot store: it benchmarks")
+        state.unknown.append(f"{where}: {PRE_HOOK}")
         return
     with _winner_lookup(self, no_benchmark):
         try:
             _original_run(self, *args, **kwargs)
         except _NoWinner:
-            state.unknown.append(f"{where}: no stored winner: serving benchmarks it "
-                                 "(tritonwarm tune, or pin a config)")
+            state.unknown.append(f"{where}: {NO_WINNER}")
             return
     if not _serving_reads_winners(self):
-        state.unknown.append(f"{where}: a winner is stored, but this autotuner does not read it: pass "
-                             "cache_results=True or set TRITON_CACHE_AUTOTUNING=1 where it is imported")
+        state.unknown.append(f"{where}: {NOT_READ}")
 
 
 def as_config(pinned, configs: list[Config], where: str, declared: list[Config] | None = None) -> Config:

@@ -176,7 +176,7 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
         with os.fdopen(fd, "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
                 tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            _add_bytes(tar, HEADER_NAME, json.dumps(header, sort_keys=True, indent=1).encode())
+            _add_bytes(tar, HEADER_NAME, json.dumps(_canonical(header), indent=1).encode())
             for entry_dir, entry_name, names in _entries(header):
                 for name in names:
                     path = source(entry_dir, name)
@@ -191,6 +191,21 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+_IN_ORDER = ("args",)  # tables whose order is the kernel's signature: kept, not sorted
+
+
+def _canonical(value, key: str | None = None):
+    """``value`` with every table's keys sorted (the same header gives the same bytes, whatever order
+    a manifest holds its rows in), except an entry's ``args``, which keep the order of the kernel's
+    signature: an installed variant lists its arguments as the build machine did."""
+    if isinstance(value, dict):
+        items = value.items() if key in _IN_ORDER else sorted(value.items())
+        return {k: _canonical(v, k) for k, v in items}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:

@@ -18,8 +18,12 @@ GPUS: dict[str, str] = {
     "h100": "sm90", "h200": "sm90", "h800": "sm90", "h20": "sm90", "gh200": "sm90",
     # NVIDIA Blackwell (data centre), sm100
     "b200": "sm100", "gb200": "sm100", "b100": "sm100",
+    # NVIDIA Blackwell Ultra (data centre), sm103
+    "b300": "sm103", "gb300": "sm103",
     # NVIDIA Blackwell (workstation, consumer), sm120
     "rtx5090": "sm120", "rtx5080": "sm120", "rtxpro6000": "sm120",
+    # NVIDIA Blackwell (DGX Spark), sm121
+    "gb10": "sm121", "dgxspark": "sm121",
     # AMD CDNA2, gfx90a
     "mi250x": "gfx90a", "mi250": "gfx90a", "mi210": "gfx90a",
     # AMD CDNA3, gfx942
@@ -54,6 +58,22 @@ def gpus_of(target: str) -> list[str]:
 
 
 def nearest(name: str, targets) -> str | None:
-    """The known target or GPU name closest to a mistyped one."""
-    found = difflib.get_close_matches(name.lower(), [*targets, *GPUS], n=1, cutoff=0.5)
-    return found[0] if found else None
+    """The known target or GPU name closest to a mistyped one, never one of another model: ``h10`` →
+    ``h100`` and ``sm_90`` → ``sm90``, but ``b300`` is no ``b200``, ``sm103`` no ``sm100`` and ``b400``
+    no ``l40``: their series or numbers, and so their compute capabilities, differ. A name is suggested
+    where its letters before the first digit are the typed ones and one's digits begin the other's (a
+    digit missing or one too many)."""
+    series, number = _model(name)
+    close = difflib.get_close_matches(name.lower(), [*targets, *GPUS], n=10, cutoff=0.5)
+    for known in close:
+        known_series, known_number = _model(known)
+        if known_series == series and (known_number.startswith(number) or number.startswith(known_number)):
+            return known
+    return None
+
+
+def _model(name: str) -> tuple[str, str]:
+    """``(series, number)``: ``NVIDIA H100-SXM`` → ``("h", "100")``, ``sm_103`` → ``("sm", "103")``."""
+    key = normalized(name)
+    series = re.match(r"[a-z]*", key).group()
+    return series, "".join(c for c in key if c.isdigit())

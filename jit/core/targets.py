@@ -62,7 +62,9 @@ TARGETS: dict[str, Target] = {
         Target("sm89", "cuda", 89, 32),
         Target("sm90", "cuda", 90, 32),
         Target("sm100", "cuda", 100, 32),
+        Target("sm103", "cuda", 103, 32),
         Target("sm120", "cuda", 120, 32),
+        Target("sm121", "cuda", 121, 32),
         Target("gfx90a", "hip", "gfx90a", 64),
         Target("gfx942", "hip", "gfx942", 64),
         Target("gfx950", "hip", "gfx950", 64),
@@ -73,8 +75,8 @@ TARGETS: dict[str, Target] = {
 # The generation of each target in the table; other archs by their major version (sm87 ampere, sm103
 # blackwell) or their gfx prefix.
 FAMILIES: dict[str, str] = {
-    "sm80": "ampere", "sm86": "ampere", "sm89": "ada", "sm90": "hopper", "sm100": "blackwell",
-    "sm120": "blackwell-rtx", "gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4",
+    "sm80": "ampere", "sm86": "ampere", "sm89": "ada", "sm90": "hopper", "sm100": "blackwell", "sm103": "blackwell",
+    "sm120": "blackwell-rtx", "sm121": "blackwell-rtx", "gfx90a": "cdna2", "gfx942": "cdna3", "gfx950": "cdna4",
 }
 _CUDA_MAJOR_FAMILIES = {8: "ampere", 9: "hopper", 10: "blackwell", 11: "blackwell", 12: "blackwell-rtx"}
 _HIP_PREFIX_FAMILIES = (("gfx90a", "cdna2"), ("gfx94", "cdna3"), ("gfx95", "cdna4"))
@@ -210,8 +212,12 @@ DEVICES: dict[str, DeviceProperties] = {
     "sm90": DeviceProperties("NVIDIA H100 80GB HBM3", 9, 0, 132, 232448, 80 * _GiB),
     "sm100": DeviceProperties("NVIDIA B200", 10, 0, 148, 232448, 180 * _GiB, L2_cache_size=126 * 2**20,
                               mem_bus_width=8192),
+    "sm103": DeviceProperties("NVIDIA B300 SXM6 AC", 10, 3, 148, 232448, 288 * _GiB, L2_cache_size=126 * 2**20,
+                              mem_bus_width=8192),
     "sm120": DeviceProperties("NVIDIA GeForce RTX 5090", 12, 0, 170, 101376, 32 * _GiB,
                               max_threads_per_multi_processor=1536, L2_cache_size=96 * 2**20, mem_bus_width=512),
+    "sm121": DeviceProperties("NVIDIA GB10", 12, 1, 48, 101376, 128 * _GiB, max_threads_per_multi_processor=1536,
+                              L2_cache_size=24 * 2**20, mem_bus_width=256),
     "gfx90a": DeviceProperties("AMD Instinct MI250X", 9, 0, 110, 65536, 64 * _GiB, L2_cache_size=8 * 2**20,
                                mem_bus_width=4096, gcnArchName="gfx90a:sramecc+:xnack-"),
     "gfx942": DeviceProperties("AMD Instinct MI300X", 9, 4, 304, 65536, 192 * _GiB, L2_cache_size=4 * 2**20,
@@ -260,7 +266,10 @@ LIMITS: dict[str, LaunchLimits] = {
     "sm90": LaunchLimits(232448, 255, 65536, source=f"{_CUDA_GUIDE}: 9.0, 227 KB"),
     "sm100": LaunchLimits(232448, 255, 65536, tensor_memory=512,
                           source=f"{_CUDA_GUIDE}: 10.0, 227 KB; 512 TMEM columns (Triton's own load check)"),
+    "sm103": LaunchLimits(232448, 255, 65536, tensor_memory=512,
+                          source=f"{_CUDA_GUIDE}: 10.3, 227 KB; 512 TMEM columns (Triton's own load check)"),
     "sm120": LaunchLimits(101376, 255, 65536, source=f"{_CUDA_GUIDE}: 12.0, 99 KB"),
+    "sm121": LaunchLimits(101376, 255, 65536, source=f"{_CUDA_GUIDE}: 12.1, 99 KB"),
     "gfx90a": LaunchLimits(65536, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI200, 64 KiB LDS"),
     "gfx942": LaunchLimits(65536, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI300, 64 KiB LDS"),
     "gfx950": LaunchLimits(163840, 512, 131072, scalar_registers=108, source=f"{_ROCM}: MI350, 160 KiB LDS"),

@@ -59,6 +59,7 @@ from .resources import entry_usage, over_limit_row, over_limits
 class CheckReport:
     target: str
     planned: int
+    rows: int = 0  # the spec rows (and engine steps) planned
     missing: list[dict] = field(default_factory=list)
     stale: list[dict] = field(default_factory=list)  # entries of other environments: never read here
     corrupt: list[dict] = field(default_factory=list)
@@ -117,7 +118,7 @@ def check(the_plan: Plan, cache_dir: Path, runtime: dict | None = None, *, serve
     problem, unless ``same_machine`` (the copy is served where the original stays), then a note."""
     target = the_plan.target
     runtime = runtime if runtime is not None else current_fingerprint()
-    report = CheckReport(target.name, len(the_plan.variants), unreachable=list(the_plan.unreachable),
+    report = CheckReport(target.name, len(the_plan.variants), the_plan.rows, unreachable=list(the_plan.unreachable),
                          errors=list(the_plan.errors), collapse_errors=list(the_plan.collapse_errors),
                          redundant=list(the_plan.redundant), notes=list(the_plan.notes),
                          environment=fingerprint_id(runtime, target.name),

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import describe_error
+from ...output import examples
 from ..cache import PlanStore
 from ..cache.plans import package_fingerprint
 from ..core.kernel import JitKernel
 from ..core.targets import Target
 from ..core.trace import Capture, Variant, tracing
-from .specs import Spec
+from .specs import LauncherImportedPerTarget, Spec, arguments_problem
 
 
 @dataclass
@@ -31,17 +32,18 @@ class Plan:
     rows: int = 0
     unreachable: list[str] = field(default_factory=list)  # rows that launch nothing
     redundant: list[str] = field(default_factory=list)  # rows whose variants earlier rows already give
-    errors: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
+    errors: list[str] = field(default_factory=list)  # why rows failed: one line per cause, with its count
     collapse_errors: list[str] = field(default_factory=list)  # collapsed axes that change the variant
     # what planned it: spec files and engine configs, recorded by warm-up so prune can re-plan them
     sources: dict[str, list[str]] = field(default_factory=lambda: {"specs": [], "engine_configs": []})
     notes: list[str] = field(default_factory=list)  # what tracing had to approximate (autotune pruning)
     environment_read: dict[str, str | None] = field(default_factory=dict)  # variables launchers read, values
+    failed_rows: list[str] = field(default_factory=list)  # rows whose launcher raised on fake inputs
 
     def merge(self, other: Plan) -> None:
         self.rows += other.rows
         self.environment_read.update(other.environment_read)
-        for name in ("unreachable", "redundant", "errors", "collapse_errors", "notes"):
+        for name in ("unreachable", "redundant", "errors", "failed_rows", "collapse_errors", "notes"):
             getattr(self, name).extend(getattr(other, name))
         for kind, names in other.sources.items():
             self.sources[kind] = sorted(set(self.sources.get(kind, [])) | set(names))
@@ -55,7 +57,8 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "unreachable": self.unreachable, "redundant": self.redundant,
-                "errors": self.errors, "collapse_errors": self.collapse_errors, "notes": self.notes,
+                "errors": self.errors, "failed_rows": self.failed_rows, "collapse_errors": self.collapse_errors,
+                "notes": self.notes,
                 "environment_read": self.environment_read, "variants": [v.to_json() for v in self.variants.values()]}
 
     @classmethod
@@ -63,7 +66,7 @@ class Plan:
         variants = [Variant.from_json(v) for v in data["variants"]]
         return cls(target, {v.cache_hash: v for v in variants}, data["rows"], data["unreachable"],
                    data["redundant"], data["errors"], data["collapse_errors"], notes=data.get("notes", []),
-                   environment_read=dict(data.get("environment_read", {})))
+                   environment_read=dict(data.get("environment_read", {})), failed_rows=data.get("failed_rows", []))
 
 
 def plan(specs: Iterable[Spec], target: Target, *, verify_collapse: bool = True,
@@ -181,6 +184,7 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
     is traced (``capture: all``), not only JitKernels. Nothing is compiled."""
     result = Plan(target)
     cap = Capture(import_path)
+    failures: dict[str, list[str]] = {}  # the error's message -> the rows that raised it
     with tracing(cap, target, all_kernels) as autotune:
         for label, call in rows:
             result.rows += 1
@@ -189,10 +193,14 @@ def trace_rows(target: Target, import_path: str, rows: Iterable[tuple[str, Calla
                 try:
                     call()
                 except Exception as e:  # a launch spec that cannot run on fake inputs (vLLM #50176)
-                    result.errors.append(f"{label}: the launcher failed on fake inputs: {describe_error(e)}")
+                    failures.setdefault(describe_error(e), []).append(label)
                     continue
             if not cap.keys_of(label):
                 result.unreachable.append(label)
+    for message, labels in failures.items():  # a wrong argument fails every row alike: said once, counted
+        result.failed_rows += labels
+        which = labels[0] if len(labels) == 1 else f"{len(labels)} rows ({examples(labels, 1)})"
+        result.errors.append(f"{which}: the launcher failed on fake inputs: {message}")
     result.notes += autotune.notes
     result.errors += autotune.errors
     result.variants = {v.cache_hash: v for v in cap.variants.values()}
@@ -281,7 +289,14 @@ def _call(spec: Spec, values: dict):
     except Exception as e:
         state.pinned = None
         state.errors.append(pin_error(state.row, e))
-    return spec.launcher(*args, **kwargs)
+    launcher = spec.launcher.resolve() if isinstance(spec.launcher, LauncherImportedPerTarget) else spec.launcher
+    try:
+        return launcher(*args, **kwargs)
+    except TypeError as e:
+        problem = arguments_problem(launcher, args, kwargs)
+        if problem:  # the spec's arguments do not fit: said with the launcher's parameters
+            raise TypeError(problem) from e
+        raise
 
 
 
@@ -289,7 +304,9 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
     """Same class ⇒ same variants: trace other values of each collapsed axis and compare.
 
     This is what catches a runtime scalar that also picks a constexpr (vLLM #53567: a numel of
-    4096 collapsed to 16 warmed BLOCK=16 while the runtime launched BLOCK=1024).
+    4096 collapsed to 16 warmed BLOCK=16 while the runtime launched BLOCK=1024). Where it fails, the
+    values between are bisected for where the variants change, and the split of the range there is
+    the advice (Liger's RMSNorm changes kernels at 32,768 rows).
     """
     problems = []
     for axis in spec.collapsed_axes():
@@ -297,22 +314,60 @@ def _verify_collapse(spec: Spec, rows, cap: Capture, target: Target) -> list[str
             expected = cap.keys_of(row.label)
             if not expected:
                 continue
-            for sample in spec.collapse_samples(axis, row.values[axis.name], seed=index):
-                probe = Capture()
-                with tracing(probe, target, spec.capture_all), probe.row("probe"):
-                    try:
-                        _call(spec, {**row.values, axis.name: sample})
-                    except Exception:
-                        continue  # reported for the row itself if it matters
-                got = probe.keys_of("probe")
+            value = row.values[axis.name]
+            for sample in spec.collapse_samples(axis, value, seed=index):
+                got = _keys_at(spec, target, row.values, axis.name, sample)
+                if got is None:
+                    continue  # reported for the row itself if it matters
                 if got != expected:
-                    problems.append(
-                        f"{spec.file}:{axis.line}: axes.{axis.name}: collapse: true is unsound: "
-                        f"{axis.name}={sample} launches other variants than {axis.name}={row.values[axis.name]} "
-                        f"({row.label}); it drives a constexpr or the kernel choice, so enumerate it"
-                    )
+                    same, other = _where_variants_change(spec, target, row.values, axis.name, value, sample, expected)
+                    problems.append(_unsound_collapse(spec, axis, row, sample, min(same, other), max(same, other)))
                     break
             else:
                 continue
             break
     return problems
+
+
+def _keys_at(spec: Spec, target: Target, values: dict, name: str, value: int) -> set[str] | None:
+    """The variants a row launches with ``name`` set to ``value``; None when the launcher raises."""
+    probe = Capture()
+    with tracing(probe, target, spec.capture_all), probe.row("probe"):
+        try:
+            _call(spec, {**values, name: value})
+        except Exception:
+            return None
+    return probe.keys_of("probe")
+
+
+def _where_variants_change(spec: Spec, target: Target, values: dict, name: str, same: int, other: int,
+                           expected: set[str]) -> tuple[int, int]:
+    """Bisect between ``same`` (launches ``expected``) and ``other`` (launches something else) over
+    values of their specialization class: the closest pair of the class, one of each kind."""
+    from ..core.specialization import scalar_class
+
+    cls = scalar_class(same)
+    step = 16 if cls.endswith("div16") else 1
+    while abs(other - same) > step:
+        middle = same + (other - same) // 2
+        middle -= (middle - same) % step  # a multiple of 16 stays one
+        if step == 1 and middle % 16 == 0:  # not of the class: the value beside it is
+            middle += 1 if middle + 1 != other else -1
+        if middle in (same, other) or scalar_class(middle) != cls:
+            break
+        keys = _keys_at(spec, target, values, name, middle)
+        if keys == expected:
+            same = middle
+        else:
+            other = middle
+    return same, other
+
+
+def _unsound_collapse(spec: Spec, axis, row, sample: int, below: int, above: int) -> str:
+    lo, hi = axis.collapsed_range
+    name, value = axis.name, row.values[axis.name]
+    return (f"{spec.file}:{axis.line}: axes.{name}: collapse: true is unsound: {name}={sample} launches other "
+            f"variants than {name}={value} ({row.label}): the launcher picks a constexpr or a kernel by it; the "
+            f"variants change between {name}={below} and {name}={above}: split the range there, in two spec documents "
+            f"(--- between them): {name}: {{range: [{lo}, {above - 1}], collapse: true}} and "
+            f"{{range: [{above}, {hi}], collapse: true}}")

@@ -60,7 +60,7 @@ def shard_plan(the_plan: Plan, index: int, count: int, seconds: dict[str, float]
     keep = {v.cache_hash for v in mine}
     return Plan(the_plan.target, {h: v for h, v in the_plan.variants.items() if h in keep}, the_plan.rows,
                 list(the_plan.unreachable), list(the_plan.redundant), list(the_plan.errors),
-                list(the_plan.collapse_errors))
+                list(the_plan.collapse_errors), failed_rows=list(the_plan.failed_rows))
 
 
 def recorded_seconds(path: str | Path) -> dict[str, float]:

@@ -598,6 +598,8 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     args = data["args"]
     if not isinstance(args, (dict, list)):
         raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
+    if capture != "all":  # a capture: all launcher is imported when traced: its rows say it
+        _check_arguments(launcher, args, loc)
     args = _parse_template(args, ("args",), known, loc)
     config = None
     if "config" in data:
@@ -623,6 +625,45 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     for row in rows:
         _validate(args, row.values, loc)
     return spec
+
+
+def arguments_problem(launcher, args, kwargs) -> str | None:
+    """Why ``launcher(*args, **kwargs)`` cannot bind (a wrong argument name, a missing one), with the
+    launcher's parameters; None when it binds or the launcher has no signature to read."""
+    try:  # as called: a decorator's own (*args, **kwargs) binds anything, never refused here
+        signature = inspect.signature(launcher, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as e:
+        bare = signature.replace(parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+                                 return_annotation=signature.empty)
+        return f"{e}: the launcher is {getattr(launcher, '__name__', 'the launcher')}{bare}"
+    return None
+
+
+def _check_arguments(launcher, args, loc: _Located) -> None:
+    """The spec's ``args`` fit the launcher's parameters: ``epsilon:`` for ``eps`` is one line naming
+    the field, not one ``TypeError`` per row."""
+    positional, named = (list(args), {}) if isinstance(args, list) else ([], dict(args))
+    problem = arguments_problem(launcher, positional, named)
+    if problem is None:
+        return
+    quoted = re.search(r"'(\w+)'", problem)
+    where = ("args", quoted.group(1)) if quoted and quoted.group(1) in named else ("args",)
+    raise loc.error(where, problem)
+
+
+def jit_kernel_named(launcher, kernel_path: str) -> str | None:
+    """What to say when the spec names a ``@triton.jit`` kernel (or its autotuner) where the host
+    function that launches it belongs: such an object only runs as ``kernel[grid](...)``."""
+    from triton.runtime.jit import KernelInterface
+
+    if not isinstance(launcher, KernelInterface):
+        return None
+    return (f"{kernel_path!r} is a @triton.jit kernel, not a launcher: name the Python (host) function that launches "
+            "it as kernel[grid](...), or wrap the kernel in a JitKernel with its launch spec (docs/launch-specs.md)")
 
 
 def _validate_axis_dtypes(template, axes: list[Axis], loc: _Located) -> None:
@@ -699,7 +740,8 @@ def _parse_axis(name: str, value: Any, path: tuple, loc: _Located) -> Axis:
     if count > MAX_ENUMERATED_RANGE:
         raise loc.error(path + ("range",), f"{count} values to enumerate (at most {MAX_ENUMERATED_RANGE}): add a "
                                              "step, or collapse: true if the value reaches the kernel only as a "
-                                             "runtime scalar")
+                                             "runtime scalar (where the collapse check finds the variants change at "
+                                             "a value, split the range there into collapsed ranges)")
     return Axis(name, list(range(lo, hi + 1, step)), line=line)
 
 
@@ -812,6 +854,9 @@ class LauncherImportedPerTarget:
             launcher = getattr(launcher, part, None)
             if launcher is None:
                 raise LookupError(f"{self.where}: {self.module_name!r} has no {self.attr!r}")
+        jit_kernel = jit_kernel_named(launcher, self.kernel_path)
+        if jit_kernel:
+            raise LookupError(f"{self.where}: {jit_kernel}")
         if not callable(launcher):
             raise LookupError(f"{self.where}: {self.kernel_path!r} is not callable")
         return launcher
@@ -871,6 +916,9 @@ def _import_launcher(kernel_path: str, loc: _Located, where: str = "kernel"):
         launcher = getattr(launcher, part, None)
         if launcher is None:
             raise loc.error((where,), f"unknown {where}: {module_name!r} has no {attr!r}")
+    jit_kernel = jit_kernel_named(launcher, kernel_path)
+    if jit_kernel:
+        raise loc.error((where,), jit_kernel)
     if inspect.isbuiltin(launcher) or inspect.isclass(launcher) or not callable(launcher):
         what = ("a built-in function" if inspect.isbuiltin(launcher) else "a class" if inspect.isclass(launcher)
                 else "not callable")
