@@ -49,7 +49,7 @@ def test_the_engine_serves_from_the_cache_it_checked(tmp_path, monkeypatch):
 
     seen = []
 
-    def run(self, requests, monitor):
+    def run(self, requests, monitor, sampler=None):
         seen.append(knobs.cache.dir)
         os.environ["TRITON_CACHE_DIR"] = str(tmp_path / "inductor")  # what torch.compile's first kernel does, if unset
         seen.append(knobs.cache.dir)
