@@ -286,11 +286,9 @@ def _end_of_last_line(f, size: int) -> int:
 def manifests(cache_dir: Path) -> dict[str, Manifest]:
     """Every target that has a manifest in ``cache_dir``."""
     folder = Path(cache_dir) / "tritonwarm"
-    found = {}
-    for path in sorted(folder.glob("manifest-*.json")):
-        target = path.stem[len("manifest-"):]
-        found[target] = Manifest(cache_dir, target)
-    return found
+    names = {path.stem[len("manifest-"):] for suffix in ("json", "journal")  # a journal not yet folded in
+             for path in folder.glob(f"manifest-*.{suffix}")}
+    return {target: Manifest(cache_dir, target) for target in sorted(names)}
 
 
 def files_match_record(files: dict[str, str], recorded: dict | None) -> bool:
