@@ -239,7 +239,7 @@ def at_size(work: Path, spec: Path, seed_cache: Path, n: int, shards: int, use_r
     def row(what: str, command: list[str], *, mb: float | None = None, check=None, goal=GOAL_SECONDS) -> dict:
         seconds, rss, out = measure(command)
         note = check(out) if check else ""
-        speed = f"{mb / seconds:.0f} MB/s" if mb else ""
+        speed = f"{mb / seconds:.1f} MB/s" if mb else ""
         verdict = "ok" if (goal is None or seconds <= goal) and rss <= GOAL_RSS_MB else "over a goal"
         found = {"entries": n, "what": what, "seconds": round(seconds, 2), "rss_mb": round(rss), "speed": speed,
                  "note": note, "verdict": verdict}

@@ -315,7 +315,6 @@ def test_a_full_disk_stops_a_pooled_warmup_too(tmp_path, monkeypatch):
 
 def test_a_full_disk_while_writing_the_manifest_names_it(tmp_path, monkeypatch):
     from tritonwarm.jit.cache import CacheError, Manifest
-
     from tritonwarm.jit.cache.layout import entry_dir_name
 
     def record(cache_hash):

@@ -6,7 +6,6 @@ import multiprocessing
 import os
 
 import pytest
-
 from tritonwarm.jit.cache import Manifest, ManifestDamaged
 from tritonwarm.jit.cache.layout import entry_dir_name
 
