@@ -8,23 +8,26 @@ one (an autotuned stack in a trace, the serving ptxas in a memoized key), the lo
 (``core/hooks.py``; ``hash_inputs`` in ``core/trace.py``) that the upper one fills when imported;
 importing this package imports ``adopt/``, so the hooks are in place before anything traces."""
 
-from . import adopt  # noqa: F401 (plugs the adoption machinery into the core's hooks)
-from .core.kernel import JitKernel, Launch, fake_launches, in_fake_mode
-from .core.specialization import (
-    POINTER_CLASSES,
-    SCALAR_CLASSES,
-    class_reps,
-    fake_tensor,
-    pointer_class,
-    scalar_class,
-    scalar_rep,
-)
-from .core.targets import TARGETS, Target, resolve_target, resolve_targets, target_driver
-from .core.trace import Variant, capture, trace_call
+import importlib
 
-__all__ = [
-    "JitKernel", "Launch", "fake_launches", "in_fake_mode",
-    "POINTER_CLASSES", "SCALAR_CLASSES", "class_reps", "fake_tensor", "pointer_class", "scalar_class", "scalar_rep",
-    "TARGETS", "Target", "resolve_target", "resolve_targets", "target_driver",
-    "Variant", "capture", "trace_call",
-]
+from . import adopt  # noqa: F401 (plugs the adoption machinery into the core's hooks)
+
+# The contract's names, imported at first use: ``torch`` comes with them, and a command that only
+# reads the cache (list, du, bundle verify/install/merge, check --trace) never needs it.
+_EXPORTS = {
+    ".core.kernel": ["JitKernel", "Launch", "fake_launches", "in_fake_mode"],
+    ".core.specialization": ["POINTER_CLASSES", "SCALAR_CLASSES", "class_reps", "fake_tensor", "pointer_class",
+                             "scalar_class", "scalar_rep"],
+    ".core.targets": ["TARGETS", "Target", "resolve_target", "resolve_targets", "target_driver"],
+    ".core.trace": ["Variant", "capture", "trace_call"],
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -315,16 +315,29 @@ def test_a_full_disk_stops_a_pooled_warmup_too(tmp_path, monkeypatch):
 
 def test_a_full_disk_while_writing_the_manifest_names_it(tmp_path, monkeypatch):
     from tritonwarm.jit.cache import CacheError, Manifest
+    from tritonwarm.jit.cache.layout import entry_dir_name
+
+    def record(cache_hash):
+        return {cache_hash: {"id": cache_hash[:12], "kernel": "k", "target": "sm90", "entry_name": "k",
+                             "entry_dir": entry_dir_name(cache_hash), "args": {}}}
 
     manifest = Manifest(tmp_path, "sm90")
+    manifest.update(record("cd" * 32))
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("tritonwarm.jit.cache.manifest.json.dump", no_space)
+    with monkeypatch.context() as patched:  # recording a variant: one line appended to the journal
+        patched.setattr("tritonwarm.jit.cache.manifest.os.fsync", no_space)
+        with pytest.raises(CacheError, match=f"disk full: cannot write {manifest.journal}: no space left on device"):
+            manifest.update(record("ab" * 32))
+    recorded = manifest.journal.read_bytes()
+    assert b"ab" * 32 not in recorded and b"cd" * 32 in recorded  # the failed line is no record; the others stay
+    monkeypatch.setattr("tritonwarm.jit.cache.manifest.json.dump", no_space)  # folding the journal into the file
     with pytest.raises(CacheError, match=f"disk full: cannot write {manifest.path}: no space left on device"):
-        manifest.update({"ab" * 32: {"kernel": "k"}})
+        manifest.compact()
     assert not list(manifest.dir.glob(".manifest-*"))  # no temporary left behind
+    assert manifest.journal.read_bytes() == recorded  # and nothing recorded lost
 
 
 @pytest.mark.slow

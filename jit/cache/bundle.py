@@ -555,10 +555,12 @@ def install(path: Path, cache_dir: Path, limits: Limits = Limits(), *, compare_e
             _fsync_dir(cache_dir)
         for target, rows in header["targets"].items():
             environments = header["environments"].get(target)
+            manifest = Manifest(cache_dir, target)
             if environments:  # a manifest that keeps the environments entries were warmed under
-                Manifest(cache_dir, target).update(rows, environments=environments)
+                manifest.update(rows, environments=environments)
             else:
-                Manifest(cache_dir, target).update(rows)
+                manifest.update(rows)
+            manifest.compact()
             PlanSources(cache_dir, target).add(installed=list(rows))  # prune --unplanned keeps them
         if compare_environment:
             report.differences = _differences(header)

@@ -23,7 +23,7 @@ from typing import Any
 import platformdirs
 from filelock import FileLock
 
-from ..core.trace import entry_dir_name  # noqa: F401 (the folder Triton names after a hash: cache modules use it)
+from ..core.entry_names import entry_dir_name  # noqa: F401 (the folder Triton names after a hash: cache modules use it)
 
 LOCK_TIMEOUT_S = 600
 

@@ -91,7 +91,9 @@ def remove(cache_dir: Path, doomed: list[dict]) -> None:
             shutil.rmtree(entry_path(cache_dir, entry_dir_name(item["cache_hash"])), ignore_errors=True)
         by_target[item["target"]].append(item["cache_hash"])
     for target, hashes in by_target.items():
-        Manifest(cache_dir, target).update(remove=hashes)
+        manifest = Manifest(cache_dir, target)
+        manifest.update(remove=hashes)
+        manifest.compact()
 
 
 def used_hashes(record_path: Path) -> dict[str, set[str]]:

@@ -9,7 +9,6 @@ variant is byte for byte the one the runtime asks for.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
 import json
@@ -22,6 +21,7 @@ import triton.language as tl
 from triton import knobs
 from triton.runtime.jit import JITFunction
 
+from .entry_names import entry_dir_name
 from .hooks import KernelLike, adoption
 from .kernel import FakeLaunchSink, JitKernel, Launch, fake_launches
 from .targets import Target, target_device_answers
@@ -318,11 +318,6 @@ def disk_cache_hash(kernel: JitKernel, target: Target, request: dict) -> str:
     if knobs.runtime.add_stages_inspection_hook is not None and _compile_keys_custom_pipelines():
         key += knobs.runtime.add_stages_inspection_hook()[0]  # a custom pass pipeline, as compile() adds it
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def entry_dir_name(cache_hash: str) -> str:
-    """The entry folder Triton names after its disk-cache hash (base32, as ``FileCacheManager`` does)."""
-    return base64.b32encode(bytes.fromhex(cache_hash)).decode().rstrip("=")
 
 
 def _compile_keys_custom_pipelines() -> bool:

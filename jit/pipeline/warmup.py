@@ -132,6 +132,7 @@ def warm(the_plan: Plan, cache_dir: Path, *, jobs: int = 1, binary_only: bool = 
             manifest.update({variant.cache_hash: entry}, environments=environments)
         if progress:
             progress(variant, "over limit" if refused else status)
+    manifest.compact()  # one rewrite per warm-up, not one per variant
     record_compiles(cache_dir, target.name, failed, (v.cache_hash for v in warmed))
     PlanSources(cache_dir, target.name).add(**the_plan.sources)
     c_launchers = warm_c_launchers(warmed, target, cache_dir, jobs=jobs)
