@@ -1,0 +1,194 @@
+"""Fast tests of the checks the core makes for a user, each beside the slow scenario that covers it end
+to end: a binary whose checksum does not match is corrupt, a cache copied to another path is named as
+copied, concurrent warm-ups merge their spec rows into one manifest record without losing any."""
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from tritonwarm.jit import TARGETS
+from tritonwarm.jit.cache import entry_files
+from tritonwarm.jit.cache.layout import entry_dir_name, file_sha256
+from tritonwarm.jit.cache.manifest import Manifest, files_match_record
+from tritonwarm.jit.pipeline.check import check
+from tritonwarm.jit.pipeline.plan import plan
+from tritonwarm.jit.pipeline.specs import load_specs
+from tritonwarm.jit.pipeline.warmup import warm
+from tritonwarm.jit.serving.miss import COPIED, WarmedNeighbours
+
+SM90 = TARGETS["sm90"]
+FP16 = """
+kernel: tritonwarm.launchers.rms_norm:rms_norm
+args:
+  x: {tensor: [8, 4096], dtype: float16}
+  weight: {tensor: [4096], dtype: float16}
+"""
+
+
+# ------------------------------------------------------------------ checksums
+
+
+@pytest.fixture
+def binary(tmp_path):
+    path = tmp_path / "k.cubin"
+    path.write_bytes(b"\x7fELF" + bytes(range(256)) * 4)
+    return path
+
+
+def test_files_match_what_the_manifest_recorded(binary):
+    recorded = {"files": {"k.cubin": file_sha256(binary)}}
+    assert files_match_record({"k.cubin": str(binary)}, recorded)
+    assert files_match_record({"k.cubin": str(binary), "k.json": "/nowhere"}, recorded)  # only recorded files count
+    # records older than the files' hashes say nothing to check against
+    assert files_match_record({"k.cubin": str(binary)}, None)
+    assert files_match_record({"k.cubin": str(binary)}, {"id": "x"})
+
+
+def test_a_flipped_byte_a_missing_or_unreadable_file_does_not_match(binary, tmp_path):
+    recorded = {"files": {"k.cubin": file_sha256(binary)}}
+    data = bytearray(binary.read_bytes())
+    data[200] ^= 0xFF
+    tampered = tmp_path / "tampered.cubin"
+    tampered.write_bytes(bytes(data))
+    assert not files_match_record({"k.cubin": str(tampered)}, recorded)
+    assert not files_match_record({}, recorded)  # the group no longer names it
+    assert not files_match_record({"k.cubin": str(tmp_path / "gone.cubin")}, recorded)
+    assert not files_match_record({"k.cubin": str(tmp_path)}, recorded)  # a folder where the file was
+    two = {"files": {"k.cubin": file_sha256(binary), "k.json": "0" * 64}}
+    assert not files_match_record({"k.cubin": str(binary), "k.json": str(binary)}, two)  # the second one differs
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    """A cache warmed (sm90) for rms_norm on float16, and its plan; tests put back what they change."""
+    root = tmp_path_factory.mktemp("warmed")
+    spec = root / "fp16.yaml"
+    spec.write_text(FP16)
+    cache = root / "cache"
+    warm(plan(load_specs([spec]), SM90, cache_dir=cache), cache)
+    return cache, spec
+
+
+def test_check_reports_a_binary_whose_checksum_does_not_match_as_corrupt(warmed):
+    cache, spec = warmed
+    the_plan = plan(load_specs([spec]), SM90)
+    [variant] = the_plan.variants.values()
+    cubin = Path(entry_files(cache, variant.entry_dir, variant.entry_name)[f"{variant.entry_name}.cubin"])
+    original = cubin.read_bytes()
+    assert check(the_plan, cache).ok
+    try:
+        cubin.write_bytes(original[:200] + b"\xde\xad\xbe\xef" + original[204:])  # same size, other bytes
+        report = check(the_plan, cache)
+        assert [c["id"] for c in report.corrupt] == [variant.variant_id]
+        assert not report.ok and not report.missing
+    finally:
+        cubin.write_bytes(original)
+    assert check(the_plan, cache).ok
+
+
+# ------------------------------------------------------------------ copied caches
+
+
+def test_check_names_a_cache_copied_to_another_path(warmed, tmp_path):
+    cache, spec = warmed
+    copy, aside = tmp_path / "copy", tmp_path / "aside"
+    shutil.copytree(cache, copy)
+    os.rename(cache, aside)  # the original is gone: Triton's group files name files there
+    try:
+        report = check(plan(load_specs([spec]), SM90), copy)
+    finally:
+        os.rename(aside, cache)
+    [missing] = report.missing
+    assert missing["cause"] == COPIED
+    assert f"its entry is here, but names its files under {cache}/" in missing["why"]
+    assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {cache}: Triton's group "
+                              f"files name the files there by absolute path, and a server reading {copy} misses "
+                              "them: move a cache with `tritonwarm bundle create` / `bundle install`, for the "
+                              f"path the server reads (`bundle install BUNDLE --serve-at {copy}` where it is "
+                              "installed at another path)"]
+
+
+def _entry(folder: Path, cache_hash: str, name: str, files_at: Path) -> None:
+    """An entry folder whose group file names ``name``'s files under ``files_at``."""
+    entry = folder / entry_dir_name(cache_hash)
+    entry.mkdir(parents=True)
+    (entry / f"__grp__{name}.json").write_text(json.dumps(
+        {"child_paths": {f"{name}.cubin": str(files_at / f"{name}.cubin")}}))
+
+
+def test_a_miss_of_an_entry_whose_group_names_another_folder_is_told_as_copied(tmp_path):
+    cache, original, runtime = tmp_path / "cache", tmp_path / "original" / "xyz", {"triton": {"version": "3.9.0"}}
+    cache_hash = "ab" * 32
+    _entry(cache, cache_hash, "k", original)
+    wanted = {"kernel": "m.k", "args": {}, "cache_hash": cache_hash, "entry_name": "k"}
+    reason = WarmedNeighbours({}, {}, runtime, "sm90", cache_dir=cache).why(wanted)
+    assert (reason.kind, reason.detail) == (COPIED, str(original.parent))
+    assert reason.line.startswith(f"its entry is here, but names its files under {original} (Triton's group files "
+                                  "hold absolute paths): this cache was copied or mounted from there: move a cache "
+                                  "with bundle create / bundle install (--serve-at PATH")
+    # told only from the cache's own folder: without one, or without the name of the files, nothing to read
+    assert WarmedNeighbours({}, {}, runtime, "sm90").why(wanted) is None
+    assert WarmedNeighbours({}, {}, runtime, "sm90", cache_dir=cache).why({**wanted, "entry_name": ""}) is None
+    # an entry naming its own folder is not a copy
+    here = tmp_path / "here"
+    _entry(here, cache_hash, "k", here / entry_dir_name(cache_hash))
+    assert WarmedNeighbours({}, {}, runtime, "sm90", cache_dir=here).why(wanted) is None
+    # a server that mounts the cache at /srv/cache reads the group's paths as written
+    served = Path("/srv/cache")
+    mounted = tmp_path / "mounted"
+    _entry(mounted, cache_hash, "k", served / entry_dir_name(cache_hash))
+    assert WarmedNeighbours({}, {}, runtime, "sm90", cache_dir=mounted, serve_at=served).why(wanted) is None
+    assert WarmedNeighbours({}, {}, runtime, "sm90", cache_dir=mounted).why(wanted).kind == COPIED
+
+
+# ------------------------------------------------------------------ manifest rows
+
+
+def _record(cache_hash: str, **fields) -> dict:
+    return {"id": cache_hash[:12], "kernel": "m.k", "target": "sm90", "entry_name": "k",
+            "entry_dir": entry_dir_name(cache_hash), "args": {"n": "i32"}, **fields}
+
+
+def test_concurrent_writers_merge_their_rows_into_one_record(tmp_path):
+    """Eight warm-ups of specs sharing a variant, each writing its own row at once: none is lost."""
+    cache_hash = "cd" * 32
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def writer(n):
+        try:
+            barrier.wait()
+            Manifest(tmp_path, "sm90").update({cache_hash: _record(cache_hash, rows=[f"spec{n}.yaml:0"])})
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    [record] = Manifest(tmp_path, "sm90").read().values()
+    assert record["rows"] == [f"spec{n}.yaml:0" for n in range(8)]
+
+
+def test_an_update_merges_rows_keeps_compile_time_and_drops_unnamed_environments(tmp_path):
+    manifest = Manifest(tmp_path, "sm90")
+    a, b = "aa" * 32, "bb" * 32
+    manifest.update({a: _record(a, rows=["s.yaml:1", "s.yaml:0"], compile_seconds=3.5, environment="e1"),
+                     b: _record(b, rows=["t.yaml:0"], environment="e2")},
+                    environments={"e1": {"triton": {"version": "3.9.0"}}, "e2": {"triton": {"version": "3.6.0"}}})
+    manifest.update({a: _record(a, rows=["s.yaml:0", "u.yaml:2"], compile_seconds=None, environment="e1")})
+    read = manifest.read()
+    assert read[a]["rows"] == ["s.yaml:0", "s.yaml:1", "u.yaml:2"]  # union, sorted
+    assert read[a]["compile_seconds"] == 3.5  # found cached now: the time it took stays
+    manifest.update({a: _record(a, rows=[], compile_seconds=1.0, environment="e1")})
+    assert manifest.read()[a]["compile_seconds"] == 1.0  # compiled again: the new time
+    assert set(manifest.environments()) == {"e1", "e2"}
+    manifest.update(remove=[b])
+    assert list(manifest.read()) == [a] and set(manifest.environments()) == {"e1"}  # e2 went with its last entry
+    on_disk = json.loads(manifest.path.read_text())
+    assert (on_disk["format"], on_disk["target"]) == (1, "sm90")
