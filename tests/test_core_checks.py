@@ -13,6 +13,7 @@ from tritonwarm.jit import TARGETS
 from tritonwarm.jit.cache import entry_files
 from tritonwarm.jit.cache.layout import entry_dir_name, file_sha256
 from tritonwarm.jit.cache.manifest import Manifest, files_match_record
+from tritonwarm.jit.cache.records import metadata_problem, plain_file_name, record_problem
 from tritonwarm.jit.pipeline.check import check
 from tritonwarm.jit.pipeline.plan import plan
 from tritonwarm.jit.pipeline.specs import load_specs
@@ -61,54 +62,7 @@ def test_a_flipped_byte_a_missing_or_unreadable_file_does_not_match(binary, tmp_
     assert not files_match_record({"k.cubin": str(binary), "k.json": str(binary)}, two)  # the second one differs
 
 
-@pytest.fixture(scope="module")
-def warmed(tmp_path_factory):
-    """A cache warmed (sm90) for rms_norm on float16, and its plan; tests put back what they change."""
-    root = tmp_path_factory.mktemp("warmed")
-    spec = root / "fp16.yaml"
-    spec.write_text(FP16)
-    cache = root / "cache"
-    warm(plan(load_specs([spec]), SM90, cache_dir=cache), cache)
-    return cache, spec
-
-
-def test_check_reports_a_binary_whose_checksum_does_not_match_as_corrupt(warmed):
-    cache, spec = warmed
-    the_plan = plan(load_specs([spec]), SM90)
-    [variant] = the_plan.variants.values()
-    cubin = Path(entry_files(cache, variant.entry_dir, variant.entry_name)[f"{variant.entry_name}.cubin"])
-    original = cubin.read_bytes()
-    assert check(the_plan, cache).ok
-    try:
-        cubin.write_bytes(original[:200] + b"\xde\xad\xbe\xef" + original[204:])  # same size, other bytes
-        report = check(the_plan, cache)
-        assert [c["id"] for c in report.corrupt] == [variant.variant_id]
-        assert not report.ok and not report.missing
-    finally:
-        cubin.write_bytes(original)
-    assert check(the_plan, cache).ok
-
-
 # ------------------------------------------------------------------ copied caches
-
-
-def test_check_names_a_cache_copied_to_another_path(warmed, tmp_path):
-    cache, spec = warmed
-    copy, aside = tmp_path / "copy", tmp_path / "aside"
-    shutil.copytree(cache, copy)
-    os.rename(cache, aside)  # the original is gone: Triton's group files name files there
-    try:
-        report = check(plan(load_specs([spec]), SM90), copy)
-    finally:
-        os.rename(aside, cache)
-    [missing] = report.missing
-    assert missing["cause"] == COPIED
-    assert f"its entry is here, but names its files under {cache}/" in missing["why"]
-    assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {cache}: Triton's group "
-                              f"files name the files there by absolute path, and a server reading {copy} misses "
-                              "them: move a cache with `tritonwarm bundle create` / `bundle install`, for the "
-                              f"path the server reads (`bundle install BUNDLE --serve-at {copy}` where it is "
-                              "installed at another path)"]
 
 
 def _entry(folder: Path, cache_hash: str, name: str, files_at: Path) -> None:
@@ -192,3 +146,136 @@ def test_an_update_merges_rows_keeps_compile_time_and_drops_unnamed_environments
     assert list(manifest.read()) == [a] and set(manifest.environments()) == {"e1"}  # e2 went with its last entry
     on_disk = json.loads(manifest.path.read_text())
     assert (on_disk["format"], on_disk["target"]) == (1, "sm90")
+
+
+# ------------------------------------------------------------------ records a manifest or bundle holds
+
+H = "ef" * 32
+GOOD = {"id": H[:12], "kernel": "m.k", "target": "sm90", "entry_name": "k_kernel", "entry_dir": entry_dir_name(H),
+        "args": {"n": "i32"}, "cache_hash": H, "key": "K", "specialization_data": "{}", "num_warps": 4,
+        "num_stages": 1, "rows": ["s.yaml:0"], "files": {"k_kernel.cubin": "0" * 64}, "resources": None,
+        "compile_seconds": 1.5, "triton_version": "3.9.0", "env": {}, "environment": None,
+        "constexpr_globals": {}, "autotuned": False, "shared_estimate": None}
+
+
+def test_a_record_as_a_warmup_writes_it_is_trusted():
+    assert record_problem(H, GOOD, "sm90") is None
+    assert record_problem(H, GOOD, "sm90", complete=True, files_required=True) is None
+    bare = {k: GOOD[k] for k in ("id", "kernel", "target", "entry_name", "entry_dir", "args")}
+    assert record_problem(H, bare, "sm90") is None  # rows written before files were hashed
+    assert record_problem(H, {**GOOD, "num_warps": 1, "num_stages": 0}, "sm90") is None  # a 1-warp kernel
+    assert record_problem(H, {**GOOD, "num_warps": 1024, "num_stages": 1024}, "sm90") is None
+    assert record_problem(H, {**GOOD, "compile_seconds": 2, "resources": {"registers": 32}}, "sm90") is None
+
+
+@pytest.mark.parametrize(("cache_hash", "change", "expected"), [
+    ("AB" * 32, {}, ("'ABABABABABABABABABAB'", "not a cache hash")),
+    (H + "0", {}, (f"'{H[:20]}'", "not a cache hash")),
+    (H, {"entry_dir": "../elsewhere"}, (f"{H[:16]}.entry_dir", "'../elsewhere' is not the folder of that cache hash")),
+    (H, {"kernel": None}, (f"{H[:16]}.kernel", "None is not a string")),
+    (H, {"args": []}, (f"{H[:16]}.args", "[] is not a table")),
+    (H, {"args": {"n": 3}}, (f"{H[:16]}.args", "holds 3, which is not text")),
+    (H, {"rows": "s.yaml:0"}, (f"{H[:16]}.rows", "'s.yaml:0' is not a list")),
+    (H, {"rows": [7]}, (f"{H[:16]}.rows", "holds 7, which is not text")),
+    (H, {"num_warps": True}, (f"{H[:16]}.num_warps", "True is not an integer")),
+    (H, {"num_warps": "4"}, (f"{H[:16]}.num_warps", "'4' is not an integer")),
+    (H, {"num_warps": 0}, (f"{H[:16]}.num_warps", "0 is out of range")),
+    (H, {"num_warps": 1025}, (f"{H[:16]}.num_warps", "1025 is out of range")),
+    (H, {"num_stages": -1}, (f"{H[:16]}.num_stages", "-1 is out of range")),
+    (H, {"num_stages": 1025}, (f"{H[:16]}.num_stages", "1025 is out of range")),
+    (H, {"compile_seconds": "1"}, (f"{H[:16]}.compile_seconds", "'1' is not a number")),
+    (H, {"autotuned": 1}, (f"{H[:16]}.autotuned", "1 is not bool")),
+    (H, {"shared_estimate": 1.5}, (f"{H[:16]}.shared_estimate", "1.5 is not an integer")),
+    (H, {"target": "gfx942"}, (f"{H[:16]}.target", "'gfx942' is filed under sm90")),
+    (H, {"cache_hash": "12" * 32}, (f"{H[:16]}.cache_hash", "'1212121212121212'... is not the hash it is filed under")),
+    (H, {"entry_name": "../k"}, (f"{H[:16]}.entry_name", "'../k' is not a kernel name")),
+    (H, {"files": {}}, (f"{H[:16]}.files", "missing")),
+    (H, {"files": {"../k.cubin": "0" * 64}}, (f"{H[:16]}.files", "'../k.cubin' is not a cache file name")),
+    (H, {"files": {"__grp__k.json": "0" * 64}}, (f"{H[:16]}.files", "'__grp__k.json' is not a cache file name")),
+    (H, {"files": {"..": "0" * 64}}, (f"{H[:16]}.files", "'..' is not a cache file name")),
+    (H, {"files": {"k.cubin": "0" * 63}}, (f"{H[:16]}.files.k.cubin", "not a sha256")),
+    (H, {"files": {"k.cubin": None}}, (f"{H[:16]}.files.k.cubin", "not a sha256")),
+])
+def test_a_record_field_that_cannot_be_trusted_is_named_with_what_is_wrong(cache_hash, change, expected):
+    assert record_problem(cache_hash, {**GOOD, **change}, "sm90") == expected
+
+
+def test_a_record_without_a_field_every_reader_needs_names_it():
+    for name in ("id", "kernel", "target", "entry_name", "args"):
+        assert record_problem(H, {k: v for k, v in GOOD.items() if k != name}, "sm90") == (f"{H[:16]}.{name}",
+                                                                                            "missing")
+    for name in ("key", "specialization_data", "num_warps", "num_stages", "rows"):  # what a bundle's row must hold
+        partial = {k: v for k, v in GOOD.items() if k != name}
+        assert record_problem(H, partial, "sm90") is None
+        assert record_problem(H, partial, "sm90", complete=True) == (f"{H[:16]}.{name}", "missing")
+    no_files = {k: v for k, v in GOOD.items() if k != "files"}
+    assert record_problem(H, no_files, "sm90", files_required=True) == (f"{H[:16]}.files", "missing")
+    assert record_problem(H, "a row", "sm90") == (H[:16], "not a record")
+
+
+def test_metadata_must_name_the_hash_its_folder_is_named_after():
+    folder = entry_dir_name(H)
+    assert metadata_problem(json.dumps({"hash": H, "name": "k"}).encode(), folder) is None
+    other = "12" * 32
+    assert metadata_problem(json.dumps({"hash": other}).encode(), folder) == (
+        f"the entry's metadata names the cache hash '{other[:16]}'..., not the one its folder {folder[:16]}... is "
+        "named after (another kernel's files)")
+    assert "names the cache hash 'None'..." in metadata_problem(b"{}", folder)
+    assert "names the cache hash 'ABABABABABABABAB'..." in metadata_problem(json.dumps({"hash": "AB" * 32}).encode(),
+                                                                           entry_dir_name("ab" * 32))
+    for data in (b"not json", b"[1, 2]", b"\xff"):
+        assert metadata_problem(data, folder) == "the entry's metadata is not a JSON table"
+
+
+def test_a_plain_file_name_is_one_path_component():
+    assert all(plain_file_name(n) for n in ("k.cubin", "_k.json", "k-1.hsaco", "a" * 255))
+    assert not any(plain_file_name(n) for n in ("", ".", "..", "a/b", "/k", ".hidden", "a" * 256, None, 3, "k\n"))
+
+
+# ------------------------------------------------------------------ the same through check, on a real warm-up
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    """A cache warmed (sm90) for rms_norm on float16, and its plan; tests put back what they change."""
+    root = tmp_path_factory.mktemp("warmed")
+    spec = root / "fp16.yaml"
+    spec.write_text(FP16)
+    cache = root / "cache"
+    warm(plan(load_specs([spec]), SM90, cache_dir=cache), cache)
+    return cache, spec
+
+
+def test_check_reports_a_binary_whose_checksum_does_not_match_as_corrupt(warmed):
+    cache, spec = warmed
+    the_plan = plan(load_specs([spec]), SM90)
+    [variant] = the_plan.variants.values()
+    cubin = Path(entry_files(cache, variant.entry_dir, variant.entry_name)[f"{variant.entry_name}.cubin"])
+    original = cubin.read_bytes()
+    assert check(the_plan, cache).ok
+    try:
+        cubin.write_bytes(original[:200] + b"\xde\xad\xbe\xef" + original[204:])  # same size, other bytes
+        report = check(the_plan, cache)
+        assert [c["id"] for c in report.corrupt] == [variant.variant_id]
+        assert not report.ok and not report.missing
+    finally:
+        cubin.write_bytes(original)
+    assert check(the_plan, cache).ok
+
+def test_check_names_a_cache_copied_to_another_path(warmed, tmp_path):
+    cache, spec = warmed
+    copy, aside = tmp_path / "copy", tmp_path / "aside"
+    shutil.copytree(cache, copy)
+    os.rename(cache, aside)  # the original is gone: Triton's group files name files there
+    try:
+        report = check(plan(load_specs([spec]), SM90), copy)
+    finally:
+        os.rename(aside, cache)
+    [missing] = report.missing
+    assert missing["cause"] == COPIED
+    assert f"its entry is here, but names its files under {cache}/" in missing["why"]
+    assert report.reasons == [f"1 planned variant is in a cache copied or mounted from {cache}: Triton's group "
+                              f"files name the files there by absolute path, and a server reading {copy} misses "
+                              "them: move a cache with `tritonwarm bundle create` / `bundle install`, for the "
+                              f"path the server reads (`bundle install BUNDLE --serve-at {copy}` where it is "
+                              "installed at another path)"]
