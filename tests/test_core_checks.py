@@ -279,3 +279,23 @@ def test_check_names_a_cache_copied_to_another_path(warmed, tmp_path):
                               "them: move a cache with `tritonwarm bundle create` / `bundle install`, for the "
                               f"path the server reads (`bundle install BUNDLE --serve-at {copy}` where it is "
                               "installed at another path)"]
+
+
+# ------------------------------------------------------------------ the mutation script
+
+
+def test_the_mutation_script_names_modules_and_test_files_that_exist():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("mutation_bench", root / "bench" / "mutation.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for module, tests in script.MODULES.values():
+        assert (root / module).is_file(), module
+        assert tests and all((root / "tests" / t).is_file() for t in tests), tests
+    for test in script.DESELECT:
+        assert (root / "tests" / test.split("::")[0]).is_file(), test
+    with pytest.raises(SystemExit) as refused:
+        script.main(["no_such_module"])
+    assert refused.value.code == 2

@@ -148,7 +148,8 @@ def test_scalar_class_and_rep_at_the_width_limits(value):
 
 
 def test_value_errors_name_the_value_and_why():
-    with pytest.raises(ValueError, match=r"^True is not an int: Triton passes bool as u1"):
+    with pytest.raises(ValueError, match=r"^True is not an int: Triton passes bool as u1 and float as fp32, never "
+                                         r"value-specialized$"):
         scalar_class(True)
     with pytest.raises(ValueError, match=r"^1\.5 is not an int"):
         scalar_class(1.5)
@@ -196,3 +197,17 @@ def test_fake_tensor_strides_and_storage_follow_the_shape():
     with pytest.raises(ValueError, match="cannot misalign a torch.complex128 tensor by whole elements"):
         fake_tensor((2,), torch.complex128, aligned=False)
     assert fake_tensor((2,), torch.complex64, aligned=False).storage_offset() == 1
+
+
+def test_cpu_twin_of_a_server_tensor_keeps_its_argument_and_its_layout():
+    """Host code that sees ``cuda`` tensors (a server's own program) is compared on real CPU twins too."""
+    from tritonwarm.jit.core.server_tensors import ServerTensor, backing_device
+    from tritonwarm.jit.core.specialization import cpu_twin
+
+    fake = ServerTensor(fake_tensor((4, 8), torch.float16, aligned=False), "x")
+    [twin] = cpu_twin([fake])
+    assert isinstance(twin, ServerTensor) and twin.arg == "x" and backing_device(twin).type == "cpu"
+    assert (tuple(twin.shape), twin.stride(), twin.storage_offset()) == ((4, 8), (8, 1), 1)
+    assert twin.untyped_storage().nbytes() == fake.untyped_storage().nbytes()
+    plain_twin = cpu_twin({"w": fake_tensor((3,), torch.float32)})["w"]
+    assert type(plain_twin) is torch.Tensor and plain_twin.device.type == "cpu"
