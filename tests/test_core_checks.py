@@ -200,6 +200,16 @@ def test_a_record_field_that_cannot_be_trusted_is_named_with_what_is_wrong(cache
     assert record_problem(cache_hash, {**GOOD, **change}, "sm90") == expected
 
 
+def test_a_long_value_is_cut_to_forty_characters_in_the_message():
+    long = "x" * 60
+    assert record_problem(H, {**GOOD, "rows": long}, "sm90") == (f"{H[:16]}.rows", f"'{'x' * 39} is not a list")
+    assert record_problem(H, {**GOOD, "rows": [7 * 10**50]}, "sm90")[1] == f"holds {'7' + '0' * 39}, which is not text"
+    assert record_problem(H, {**GOOD, "entry_name": "../" + long}, "sm90")[1] == (
+        f"{('../' + long)[:40]!r} is not a kernel name")
+    assert record_problem(H, {**GOOD, "files": {"/" + long: "0" * 64}}, "sm90")[1] == (
+        f"{('/' + long)[:40]!r} is not a cache file name")
+
+
 def test_a_record_without_a_field_every_reader_needs_names_it():
     for name in ("id", "kernel", "target", "entry_name", "args"):
         assert record_problem(H, {k: v for k, v in GOOD.items() if k != name}, "sm90") == (f"{H[:16]}.{name}",

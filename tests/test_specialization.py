@@ -211,3 +211,11 @@ def test_cpu_twin_of_a_server_tensor_keeps_its_argument_and_its_layout():
     assert twin.untyped_storage().nbytes() == fake.untyped_storage().nbytes()
     plain_twin = cpu_twin({"w": fake_tensor((3,), torch.float32)})["w"]
     assert type(plain_twin) is torch.Tensor and plain_twin.device.type == "cpu"
+
+
+def test_a_real_tensor_is_classed_by_its_address():
+    from tritonwarm.jit.core.specialization import pointer_address
+
+    real = torch.empty(64, dtype=torch.float16)
+    assert pointer_address(real[3:]) == real[3:].data_ptr() == real.data_ptr() + 6
+    assert pointer_address(fake_tensor((4,), torch.float16, aligned=False)) == 2  # a fake's: its offset in bytes
