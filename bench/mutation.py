@@ -6,7 +6,7 @@ place), and only the test files that reach it run, with ``-m 'not slow'``. Resul
 a second run tests only what changed. Prints module | mutants | killed | survived | score, where a
 mutant no test reaches counts as survived.
 
-    bash bench/mutation.sh [--work DIR] [--jobs N] [MODULE ...]     # MODULE: a name of MODULES
+    bash bench/mutation.sh [--work DIR] [--jobs N] [--again] [MODULE ...]     # MODULE: a name of MODULES
 """
 
 from __future__ import annotations
@@ -90,11 +90,21 @@ def prepare(work: Path, name: str) -> Path:
     return where
 
 
-def run(where: Path, jobs: int) -> dict:
+def not_killed(where: Path, env: dict) -> list[str]:
+    """The mutants a previous run in ``where`` left alive (``mutmut results``: ``name: status`` lines)."""
+    if not (where / "mutants").is_dir():
+        return []
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results"], cwd=where, env=env, capture_output=True,
+                         text=True).stdout
+    return [line.split(":")[0].strip() for line in out.splitlines() if line.startswith("    ") and ":" in line]
+
+
+def run(where: Path, jobs: int, again: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": ""}
+    names = not_killed(where, env) if again else []  # mutmut keeps a result until it is named again
     with open(where / "mutmut.log", "w") as log:  # progress as it goes
-        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=where,
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *names],
+                              cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"mutmut failed in {where} ({proc.returncode}); its output is in {where / 'mutmut.log'}")
     subprocess.run([sys.executable, "-m", "mutmut", "export-cicd-stats"], cwd=where, env=env, check=True,
@@ -117,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tritonwarm-mutation",
                         help="where the copies and results live (kept: a rerun tests only what changed)")
     parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--again", action="store_true",
+                        help="test the survivors of the last run in WORK again (after tests were added)")
     args = parser.parse_args(argv)
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -132,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.modules or list(MODULES):
         where = prepare(args.work, name)
         print(f"mutating {MODULES[name][0]} in {where} ...", file=sys.stderr, flush=True)
-        rows.append(row(name, run(where, args.jobs)))
+        rows.append(row(name, run(where, args.jobs, args.again)))
         print("| " + " | ".join(map(str, rows[-1])) + " |", file=sys.stderr, flush=True)
     total, killed = sum(r[1] for r in rows), sum(r[2] for r in rows)
     rows.append(["total", total, killed, total - killed, f"{100 * killed / total:.1f} %" if total else "-"])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the core modules with the README's fast tests (see docs/testing.md):
 #
-#     pip install 'mutmut==3.8.1' && bash bench/mutation.sh [--work DIR] [--jobs N] [MODULE ...]
+#     pip install 'mutmut==3.8.1' && bash bench/mutation.sh [--work DIR] [--jobs N] [--again] [MODULE ...]
 #
 # Prints module | mutants | killed | survived | score. Not part of CI: all modules take about an hour
 # on two cores.

@@ -190,6 +190,9 @@ def test_fake_tensor_strides_and_storage_follow_the_shape():
     t = fake_tensor((2, 3, 4), torch.float16)
     assert t.stride() == (12, 4, 1) and t.untyped_storage().nbytes() == 24 * 2
     assert fake_tensor((2, 0, 4), torch.float16).stride() == (4, 4, 1)  # an empty axis keeps later strides
+    assert fake_tensor((2, 0, 4), torch.float16).untyped_storage().nbytes() == 2  # holds nothing: one element
+    with pytest.raises(ValueError):  # a stride per dimension, or a ValueError a spec's loader names
+        fake_tensor((3, 5), torch.float16, stride=(1,))
     assert fake_tensor((0,), torch.float32).untyped_storage().nbytes() == 4  # never a zero-size storage
     assert fake_tensor((0,), torch.float32, aligned=False).storage_offset() == 1
     strided = fake_tensor((3, 5), torch.float32, stride=(8, 1))
