@@ -18,7 +18,15 @@ from tritonwarm.jit.pipeline.check import check
 from tritonwarm.jit.pipeline.plan import plan
 from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.jit.pipeline.warmup import warm
-from tritonwarm.jit.serving.miss import FILES_GONE, NOT_WARMED, OTHER_CLASS, OTHER_CODE, OTHER_GLOBALS, WarmedNeighbours
+from tritonwarm.jit.serving.miss import (
+    FILES_GONE,
+    NOT_WARMED,
+    OTHER_CLASS,
+    OTHER_CODE,
+    OTHER_GLOBALS,
+    OTHER_OPTIONS,
+    WarmedNeighbours,
+)
 from tritonwarm.jit.serving.monitor import DispatchMonitor, JitPolicyError
 from tritonwarm.launchers.rms_norm import rms_norm
 
@@ -355,3 +363,78 @@ args:
     (tmp_path / f"{name}.py").write_text((tmp_path / f"{name}.py").read_text().replace("<= 128", "<= 512"))
     run_cli("warmup", spec, "--target", "sm90", "--cache-dir", cache, rc=0, env=env)
     assert run_cli("check", spec, "--target", "sm90", "--cache-dir", cache, "--json", rc=0, env=env)
+
+
+RUNTIME = {"triton": {"version": "3.9.0"}, "env": {}}
+KEY = "[('*bf16', 'D'), ('i32', 'D')]{'num_warps': 4, 'num_stages': 2, 'debug': False}"
+ENTRY = {"kernel": "m.k", "args": {"x": "*bf16 aligned", "n": "i32:div16"}, "key": KEY, "num_warps": 4,
+         "num_stages": 2, "triton_version": "3.9.0", "env": {}}
+
+
+def test_every_reason_line_names_the_neighbour_what_differs_and_the_fix():
+    """The whole line, for each cause: what a person reads after a missing variant."""
+    neighbours = WarmedNeighbours({"a" * 64: {**ENTRY, "id": "aaaaaaaaaaaa"}}, {}, RUNTIME, "sm90")
+
+    def why(**changes):
+        return neighbours.why({**ENTRY, "cache_hash": "c" * 64, **changes})
+
+    gone = why(cache_hash="a" * 64)
+    assert (gone.kind, gone.neighbour, gone.line) == (FILES_GONE, "aaaaaaaaaaaa", (
+        "the manifest records it as warmed, but its files are gone (removed since the warm-up): warm up again"))
+    never = why(kernel="m.other")
+    assert (never.kind, never.neighbour, never.line) == (NOT_WARMED, None, (
+        "no variant of this kernel is warmed for this environment: warm a spec or engine config that launches it"))
+    code = why()
+    assert (code.kind, code.neighbour, code.line) == (OTHER_CODE, "aaaaaaaaaaaa", (
+        "variant aaaaaaaaaaaa has Triton's same key (arguments and options) under another hash: the kernel's code "
+        "(its source or a @triton.jit helper) is not the code that warmed it: warm with the code that serves"))
+    options = why(key=KEY + " ")  # same arguments and options as parsed, another key: options beyond them
+    assert (options.kind, options.neighbour, options.line) == (OTHER_CLASS, "aaaaaaaaaaaa", (
+        "variant aaaaaaaaaaaa has the same arguments under another hash: other launch options, or other code of "
+        "the kernel"))
+    cls = why(args={"x": "*bf16 aligned", "n": "i32"}, key="K2")
+    assert (cls.kind, cls.neighbour, cls.line) == (OTHER_CLASS, "aaaaaaaaaaaa", (
+        "nearest warmed variant aaaaaaaaaaaa differs in n (warmed i32:div16, here i32): this class was not warmed: "
+        "warm a spec row that launches it"))
+    debug = why(key=KEY.replace("False", "True"))
+    assert (debug.kind, debug.detail) == (OTHER_OPTIONS, "debug (warmed False, here True)")
+    # an argument the warmed variant lacks, or one only it has, is told with "-"
+    extra = why(args={**ENTRY["args"], "m": "i32"}, key="K3")
+    assert "differs in m (warmed -, here i32)" in extra.line
+    fewer = why(args={"x": "*bf16 aligned"}, key="K4")
+    assert "differs in n (warmed i32:div16, here -)" in fewer.line
+
+
+def test_the_nearest_neighbour_is_the_one_with_fewest_differences_and_three_are_named():
+    near = {**ENTRY, "id": "bbbbbbbbbbbb", "args": {"x": "*bf16 aligned", "n": "i32"}, "key": "KB"}
+    far = {**ENTRY, "id": "aaaaaaaaaaaa", "args": {"x": "*fp16 aligned", "n": "i32"}, "key": "KA"}
+    neighbours = WarmedNeighbours({"a" * 64: far, "b" * 64: near}, {}, RUNTIME, "sm90")
+    reason = neighbours.why({**ENTRY, "cache_hash": "c" * 64, "args": {"x": "*bf16 aligned", "n": "i64"}, "key": "K"})
+    assert reason.neighbour == "bbbbbbbbbbbb" and reason.line.startswith(
+        "nearest warmed variant bbbbbbbbbbbb differs in n (warmed i32, here i64): this class")
+    args = {f"a{i}": "i32" for i in range(4)}
+    wide = WarmedNeighbours({"a" * 64: {**ENTRY, "id": "aaaaaaaaaaaa", "args": args}}, {}, RUNTIME, "sm90")
+    three = wide.why({**ENTRY, "cache_hash": "c" * 64, "key": "K", "args": {f"a{i}": "i64" for i in range(3)} | {
+        "a3": "i32"}})
+    assert "a0 (warmed i32, here i64), a1 (warmed i32, here i64), a2 (warmed i32, here i64): this" in three.line
+    assert " more" not in three.line
+    four = wide.why({**ENTRY, "cache_hash": "c" * 64, "key": "K", "args": {f"a{i}": "i64" for i in range(4)}})
+    assert "a2 (warmed i32, here i64) and 1 more: this class" in four.line and "a3" not in four.line
+
+
+def test_another_target_only_is_told_and_a_damaged_manifest_explains_nothing(tmp_path):
+    from tritonwarm.jit.cache import Manifest
+    from tritonwarm.jit.cache.layout import entry_dir_name
+
+    h = "d" * 64
+    record = {**ENTRY, "id": h[:12], "target": "gfx942", "entry_name": "k", "entry_dir": entry_dir_name(h)}
+    Manifest(tmp_path, "gfx942").update({h: record})
+    wanted = {**ENTRY, "cache_hash": "c" * 64}
+    reason = WarmedNeighbours.of_cache(tmp_path, "sm90", RUNTIME).why(wanted)
+    assert reason.line == "this cache holds no entry for sm90, only for gfx942: warm with --target sm90"
+    assert WarmedNeighbours.of_cache(tmp_path, "gfx942", RUNTIME).why(wanted).kind == OTHER_CODE
+    # records of this target under another environment: not another target's cache
+    assert WarmedNeighbours({h: record}, {}, {"triton": {"version": "3.6.0"}, "env": {}}, "sm90",
+                            ["gfx942"]).why(wanted) is None
+    (tmp_path / "tritonwarm" / "manifest-gfx942.json").write_text("{not json")
+    assert WarmedNeighbours.of_cache(tmp_path, "gfx942", RUNTIME).why(wanted) is None

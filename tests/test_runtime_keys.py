@@ -168,3 +168,27 @@ def test_a_custom_pipeline_is_keyed_as_tritons_own_compile_keys_it(compile_call)
         [(hooked, _)] = compile_call("sm90", rms_norm, x, weight)  # asserts Triton's hash is the traced one
     keyed = "add_stages_inspection_hook" in triton_compile.__code__.co_names
     assert (hooked.cache_hash != plain.cache_hash) == keyed
+
+
+@triton.jit
+def _scale_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+_scale = JitKernel(_scale_kernel, lambda x, warps: Launch(grid=(1,), args=(x, x.numel()), constexprs={"BLOCK": 32},
+                                                          num_warps=warps, num_stages=1))
+
+
+@pytest.mark.parametrize("warps", [1, 4])
+@pytest.mark.parametrize(("n", "cls"), [(1, "one"), (16, "i32:div16"), (17, "i32")])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_one_warp_kernel_at_one_and_sixteen_warms_the_key_real_tensors_get(warps, n, cls, aligned):
+    """The smallest launches production makes: one warp, one element (a batch of one), and 16."""
+    x = fake_tensor((n,), torch.float16, aligned=aligned)
+    [warmed] = trace_call(TARGETS["sm90"], _scale, x, warps)
+    [runtime] = trace_call(TARGETS["sm90"], _scale, cpu_twin(x), warps)
+    assert warmed.key == runtime.key and warmed.cache_hash == runtime.cache_hash
+    assert (warmed.num_warps, warmed.num_stages) == (warps, 1) and f"'num_warps': {warps}" in warmed.key
+    assert warmed.args["n"] == cls
+    assert warmed.args["x_ptr"] == ("*fp16 aligned" if aligned else "*fp16 unaligned")

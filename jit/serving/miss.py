@@ -115,7 +115,8 @@ class WarmedNeighbours:
             return MissReason(OTHER_CLASS, f"variant {nearest['id']} has the same arguments under another hash: "
                                            "other launch options, or other code of the kernel", nearest["id"])
         named = _named(differing)
-        if not any(name in wanted.get("args", {}) or name in _OPTIONS for name, _, _ in differing):
+        arguments = {*wanted.get("args", {}), *nearest.get("args", {})}  # an argument only one side has is one
+        if not any(name in arguments or name in _OPTIONS for name, _, _ in differing):
             return MissReason(OTHER_OPTIONS, f"nearest warmed variant {nearest['id']} has the same arguments, "
                                              f"compiled with other options: {named}: serve with the options the "
                                              "warm-up had (TRITON_DEBUG, say)", nearest["id"], named)
