@@ -217,6 +217,7 @@ class EmptyStore:
     """A shared cache that answers "missing" for every entry, as an empty Redis does (no Redis needed)."""
 
     url = "redis://fleet:6379/0"
+    key = None  # no fleet key: unauthenticated
 
     def inspect_entry(self, entry_dir, group_name):
         return "missing", {}, None

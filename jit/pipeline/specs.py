@@ -598,9 +598,10 @@ def _parse(path: Path, index: int, data: Any, loc: _Located) -> Spec:
     args = data["args"]
     if not isinstance(args, (dict, list)):
         raise loc.error(("args",), "must be a mapping (by name) or a list (positional)")
+    parsed = _parse_template(args, ("args",), known, loc)  # first: it bounds nesting and expressions
     if capture != "all":  # a capture: all launcher is imported when traced: its rows say it
         _check_arguments(launcher, args, loc)
-    args = _parse_template(args, ("args",), known, loc)
+    args = parsed
     config = None
     if "config" in data:
         config = data["config"]
