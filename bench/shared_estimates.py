@@ -88,12 +88,16 @@ def _moe_launch(case: Case):
     m, n, k, warps, stages, gated = case.tile
     config = TileConfig(m, n, k, 1, warps, stages)
     act = getattr(torch, _DTYPES[case.act])
-    experts, size, slots = 8, 512, 256
-    rows = 2 * size if gated else size
-    a, c = fake_tensor((slots, size), act), fake_tensor((slots, size), act)
+    # DeepSeek-V2-Lite's experts (hidden 2048, intermediate 1408: an MXFP4 scale row of 44 bytes, not
+    # a multiple of 16, changes how scales load). Gate/up: [2I, H] weights, the activation's dtype
+    # out; down: [H, I] weights, fp32 rows per slot out, as ``fused_moe`` launches them.
+    experts, hidden, inter, slots = 8, 2048, 1408, 256
+    rows, size = (2 * inter, hidden) if gated else (hidden, inter)
+    a = fake_tensor((slots, size), act)
+    c = fake_tensor((slots, inter), act) if gated else fake_tensor((slots, hidden), torch.float32)
     routing = (fake_tensor((slots,), torch.float32), fake_tensor((slots + experts * m,), torch.int32),
                fake_tensor((slots // m + experts,), torch.int32), fake_tensor((1,), torch.int32))
-    flags = (1 if gated else 2, gated, not gated, config)
+    flags = (6 if gated else 1, gated, not gated, config)  # gate/up: top-k slots a token; down: one row a slot
     if case.fmt in ("fp32", "bf16"):
         return fused_moe_gemm_jit, (a, fake_tensor((experts, rows, size), act), None, c, *routing, *flags)
     packed = fake_tensor((experts, rows, size // 2), torch.uint8)

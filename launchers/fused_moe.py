@@ -178,11 +178,13 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
       the reordered ``A`` tile and the decoded weight tile in the activation's dtype (BLOCK_N x
       BLOCK_K; one at a time, gate then up). sm100's tcgen05 MMAs run asynchronously and keep both
       weight tiles, or with ``SWAP`` (below 64-row blocks, the weights the MMA's first operand) read
-      them from tensor memory while ``A`` is staged in shared memory once per stage (at least twice).
-      On AMD the packed weights are prefetched into registers and the operands pass through LDS on
-      their way to the MMA's registers: the larger of the two tiles; not ``gated`` (one dot), ``A``'s
-      loads feed the dot as they are and are staged in LDS, ``num_stages - 1`` buffers beside the
-      decoded weight tile.
+      them from tensor memory while ``A`` is staged twice in shared memory.
+      With ``SWAP`` the accumulator leaves tensor memory transposed and changes layout through
+      shared memory (BLOCK_M x BLOCK_N, fp32) while those buffers are held.
+      On AMD the pipeliner streams through LDS only a load whose one use is a dot operand: the
+      ``A`` tile of an ungated GEMM (``pipeline_buffers``; gated, it feeds two dots), never the
+      packed weights, which are prefetched into registers; and the operands pass through LDS on
+      their way to registers one at a time: the larger of the two tiles.
     """
     m, n, k = config.block_m, config.block_n, config.block_k
     outputs = 2 if gated else 1
@@ -192,13 +194,12 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
         return pipeline_buffers(target, config.num_stages, async_mma(target, m) and act_bytes <= 2) * stage
     decoded = n * k * act_bytes
     if not target.is_nvidia:
-        if gated:
-            return max(a_tile, decoded)
-        return decoded + max(config.num_stages - 1, 0) * a_tile
+        streamed = 0 if gated else pipeline_buffers(target, config.num_stages) * a_tile
+        return streamed + max(a_tile, decoded)
     packed = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
     buffered = max(config.num_stages - 1, 0) * (a_tile + outputs * packed)
     if 100 <= int(target.arch) < 120:  # tcgen05
-        return buffered + (max(config.num_stages, 2) * a_tile if m < 64 else outputs * decoded + a_tile)
+        return buffered + (2 * a_tile + m * n * 4 if m < 64 else outputs * decoded + a_tile)
     return buffered + decoded + a_tile
 
 
