@@ -248,6 +248,7 @@ def moe_rows(target_name: str, tiles=MOE_TILES, formats=("bf16", "mxfp4", "nvfp4
                          sum(op.startswith("PRMT") for op in loop), sum(op.startswith("HMUL2") for op in loop),
                          " ".join(f"{sum(o == op for o in loop)}x {op}" for op in mmas),
                          usage.get("registers", "-"), usage.get("local", "-"), f"{shared / 1024:.0f}", programs])
+    return rows
 
 
 MLA_HEADER = ["format", "BLOCK_N", "warps", "stages", "loop instr", "warp-instr/token", "128-bit loads/tile",

@@ -65,6 +65,22 @@ def test_compaction_folds_the_journal_into_the_file_and_later_records_extend_it(
     assert recorded[first[0]]["compile_seconds"] == 0.5  # a record found cached keeps its compile time
 
 
+def test_a_journal_that_changes_nothing_leaves_the_file_as_it_was(tmp_path):
+    """Recording again what is recorded (an install or warm-up run twice) folds into no new file:
+    the same bytes and generation, the journal gone; a record that changes does rewrite it."""
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]), environments={"e1": {"triton": {"version": "3.9.0"}}})
+    manifest.compact()
+    written, stamp = manifest.path.read_bytes(), manifest.path.stat().st_mtime_ns
+    manifest.update(dict([_record(1)]), environments={"e1": {"triton": {"version": "3.9.0"}}})
+    manifest.compact()
+    assert not manifest.journal.exists()
+    assert manifest.path.read_bytes() == written and manifest.path.stat().st_mtime_ns == stamp
+    manifest.update(dict([_record(1, rows=["spec.yaml#2 (n=2)"])]))
+    manifest.compact()
+    assert json.loads(manifest.path.read_text())["generation"] == 2
+
+
 def test_a_writer_killed_mid_line_loses_only_that_line(tmp_path):
     manifest = Manifest(tmp_path, "sm90")
     manifest.update(dict([_record(1)]))

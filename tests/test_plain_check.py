@@ -36,7 +36,7 @@ def test_the_readme_flow_is_proved_by_plain_triton(tmp_path, dtypes_spec_file, r
     run_cli("bundle", "verify", bundle, "--for", serving, rc=0, env=build)
     run_cli("bundle", "install", bundle, rc=0, env=server)
     out = run_cli("check", "--plain", *spec, rc=0, env=server).stdout
-    assert "sm90: ok: 2 planned, 0 missing" in out
+    assert "sm90: ok: 2 variants planned from 2 rows, 0 missing" in out
     assert f"plain Triton: 2/2 hits, Triton {_triton()}'s own lookup in {tmp_path / 'served'}" in out, out
     found = json.loads(run_cli("check", "--plain", *spec, "--json", rc=0, env=server).stdout)
     assert found["ok"] and found["plain"]["hits"] == {"sm90": 2} and found["plain"]["ok"]
@@ -62,12 +62,12 @@ def test_a_wrong_variable_misses_for_check_and_for_plain_triton_alike(tmp_path, 
     warm(warmed, cache)
     args = ("check", "--plain", dtypes_spec_file, "--target", "sm90", "--cache-dir", cache)
     out = run_cli(*args, rc=0).stdout
-    assert "sm90: ok: 2 planned" in out and "plain Triton: 2/2 hits" in out, out
+    assert "sm90: ok: 2 variants planned from 2 rows, 0 missing" in out and "plain Triton: 2/2 hits" in out, out
 
     monkeypatch.setenv(variable, value)
     listing = _listing(cache)
     out = run_cli(*args, rc=1).stdout
-    assert "sm90: PROBLEMS: 2 planned, 2 missing" in out, out
+    assert "sm90: PROBLEMS: 2 variants planned from 2 rows, 2 missing" in out, out
     assert (f"plain Triton: 0/2 hits, Triton {_triton()}'s own lookup in {cache}, in a process that imports no "
             "tritonwarm module but the kernels'\nplain Triton would compile 2: rms_norm_kernel 2") in out, out
     plain = plain_check([warmed], cache)  # the warmed requests: Triton takes the rest from the environment

@@ -76,13 +76,15 @@ def test_a_bind_mount_is_a_second_path_and_the_server_that_sees_only_it_is_told_
     server = in_namespace(hide_a, "check", *spec, "--cache-dir", b, "--plain")
     assert server.returncode == 1, server.stdout + server.stderr
     flat = " ".join(server.stdout.split())
-    assert "sm90: PROBLEMS: 2 planned, 2 missing" in flat and "plain Triton: 0/2 hits" in flat, flat
+    assert "sm90: PROBLEMS: 2 variants planned from 2 rows, 2 missing" in flat, flat
+    assert "plain Triton: 0/2 hits" in flat, flat
     assert f"--serve-at {b}" in flat and f"--serve-at {a}" not in flat, flat  # never a path the user did not give
 
     run_cli("bundle", "install", bundle, "--cache-dir", a, "--serve-at", b, rc=0)  # the fix
     served = in_namespace(hide_a, "check", *spec, "--cache-dir", b, "--plain")
     assert served.returncode == 0, served.stdout + served.stderr
-    assert "sm90: ok: 2 planned" in served.stdout and "plain Triton: 2/2 hits" in served.stdout
+    assert "sm90: ok: 2 variants planned from 2 rows, 0 missing" in served.stdout, served.stdout
+    assert "plain Triton: 2/2 hits" in served.stdout, served.stdout
     for mounts, rc in ((bind, 0), ("true", 1)):  # where it was filled: installed for the server, a note while b is seen
         at_a = in_namespace(mounts, "check", *spec, "--cache-dir", a)
         assert at_a.returncode == rc, at_a.stdout + at_a.stderr

@@ -235,14 +235,20 @@ class Manifest:
 
     def compact(self) -> None:
         """Fold the journal into the file (under the lock, atomically replaced and fsynced), then
-        remove it: reading stays one file. Nothing to do without a journal; a damaged manifest is
-        left for ``warmup`` to set aside."""
+        remove it: reading stays one file. Nothing to do without a journal; a journal that changes
+        nothing (an install or warm-up run again) only goes, so the file keeps its bytes and its
+        generation; a damaged manifest is left for ``warmup`` to set aside."""
         with self._locked():
             if not self.journal.exists():
                 return
             try:
+                before = self._read_file()
                 variants, environments, generation = self._load()
             except ManifestDamaged:
+                return
+            if (before["variants"], before["environments"]) == (variants, environments):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.journal)
                 return
             payload = {"format": MANIFEST_FORMAT, "target": self.target, "generation": generation + 1,
                        "variants": variants, "environments": environments}
