@@ -48,8 +48,11 @@ DESELECT = ["test_specialization.py::test_random_ints_agree_with_triton"]
 PYTEST_ARGS = ["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-m", "not slow", "--import-mode=importlib",
                "-W", "ignore::UserWarning"]
 
+# debug: mutmut prints the tests' output to mutmut.log instead of catching it (with mutmut 3.8.1 and
+# pytest 9.2, its stats run ended in pytest's exit code 3, an internal error, when it caught it).
 PYPROJECT = """\
 [tool.mutmut]
+debug = true
 source_paths = ["tritonwarm"]
 only_mutate = {module}
 pytest_add_cli_args_test_selection = {tests}

@@ -152,3 +152,36 @@ def test_concurrent_writers_and_compactions_lose_nothing(tmp_path):
     recorded = Manifest(tmp_path, "sm90").read()
     assert set(recorded) == expected
     assert len(recorded[_record(0)[0]]["rows"]) == 240  # every writer's every row, none lost
+
+
+def test_a_record_is_judged_under_the_environment_it_names_or_else_under_what_it_says_itself():
+    """``check`` compares the environment a variant was warmed under with the server's: the one the
+    record names in the table, unless the record's own Triton version disagrees with it (a record
+    older than the table, or one copied between caches), when the record's own words are taken."""
+    from tritonwarm.jit.cache.manifest import entry_fingerprint
+
+    table = {"e1": {"triton": {"version": "3.9.0"}, "env": {"TRITON_DEBUG": "1"}},
+             "e2": {"triton": {"version": "3.6.0"}, "env": {}}}
+    own = {"TRITON_DEFAULT_FP_FUSION": "0"}
+    assert entry_fingerprint({"environment": "e1", "triton_version": "3.9.0", "env": own}, table) is table["e1"]
+    assert entry_fingerprint({"environment": "e2", "env": own}, table) is table["e2"]  # no version recorded
+    disagreeing = {"environment": "e1", "triton_version": "3.6.0", "env": own}
+    assert entry_fingerprint(disagreeing, table) == {"triton": {"version": "3.6.0"}, "env": own}
+    for unnamed in ({"triton_version": "3.9.0", "env": own}, {"environment": "e9", "triton_version": "3.9.0"}):
+        expected = {"triton": {"version": "3.9.0"}, "env": unnamed.get("env", {})}
+        assert entry_fingerprint(unnamed, table) == expected, unnamed
+    assert entry_fingerprint({"environment": "", "triton_version": "3.9.0"}, {"": table["e1"]}) is table["e1"]
+
+
+def test_every_target_with_a_manifest_or_only_a_journal_is_found(tmp_path):
+    """A warm-up killed before its first compaction leaves only a journal: its target still counts."""
+    from tritonwarm.jit.cache.manifest import manifests
+
+    Manifest(tmp_path, "sm90").update(dict([_record(1)]))
+    Manifest(tmp_path, "sm90").compact()
+    Manifest(tmp_path, "gfx942").update(dict([_record(2)]))  # a journal alone
+    (tmp_path / "tritonwarm" / "manifest-sm80.lock").write_text("")
+    found = manifests(tmp_path)
+    assert list(found) == ["gfx942", "sm90"]
+    assert [m.target for m in found.values()] == ["gfx942", "sm90"] and found["sm90"].cache_dir == tmp_path
+    assert manifests(tmp_path / "none") == {}
