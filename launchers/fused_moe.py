@@ -148,14 +148,30 @@ def active_tile_table(weights: str = "bf16") -> TileTable:
 
 def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
     """The FP4 kernels' two layout choices. ``SWAP`` below 64-row blocks: the weight tile becomes the
-    MMA's first operand, so Hopper's 64-row warpgroup MMA runs for a 16-token block. ``BF16_BITS``
+    MMA's first operand, so Hopper's 64-row warpgroup MMA runs for a 16-token block (not on sm100
+    with Triton 3.6, which cannot compile it there). ``BF16_BITS``
     where the target is NVIDIA: the decoded halves are used as bf16 subnormals, which NVIDIA's bf16
     arithmetic keeps; elsewhere (AMD, Triton's interpreter) the same values go through fp32."""
     if packed.data_ptr() % 4 or any(stride % 4 for stride in packed.stride()[:2]) or packed.stride(2) != 1:
         raise ValueError(f"packed FP4 weights {tuple(packed.shape)} must have contiguous rows starting on "
                          f"4-byte boundaries (strides {tuple(packed.stride())}): they are read as int32 words")
     target = active_gpu_target()
-    return dict(SWAP=config.block_m < 64, BF16_BITS=target is not None and target.backend == "cuda")
+    tcgen05 = target is not None and target.backend == "cuda" and 100 <= target.arch < 120
+    return dict(SWAP=_swapped(config, tcgen05), BF16_BITS=target is not None and target.backend == "cuda")
+
+
+def _swapped(config: TileConfig, tcgen05: bool) -> bool:
+    """``SWAP`` below 64-row blocks, except for sm100's tcgen05 MMA under Triton 3.6, whose pipeliner
+    fails on the swapped gated FP4 tile (an MLIR assertion in TritonGPUPipeline; 3.7 compiles it):
+    there the same blocks run unswapped."""
+    return config.block_m < 64 and not (tcgen05 and _triton_before((3, 7)))
+
+
+@cache
+def _triton_before(version: tuple[int, int]) -> bool:
+    import triton
+
+    return tuple(int(part) for part in triton.__version__.split(".")[:2]) < version
 
 
 WEIGHT_FORMATS = ("dense", "mxfp4", "nvfp4")
@@ -199,7 +215,7 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
     packed = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
     buffered = max(config.num_stages - 1, 0) * (a_tile + outputs * packed)
     if 100 <= int(target.arch) < 120:  # tcgen05
-        return buffered + (2 * a_tile + m * n * 4 if m < 64 else outputs * decoded + a_tile)
+        return buffered + (2 * a_tile + m * n * 4 if _swapped(config, True) else outputs * decoded + a_tile)
     return buffered + decoded + a_tile
 
 

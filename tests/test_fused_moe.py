@@ -410,3 +410,27 @@ def test_fp4_decode_is_exact_against_dense_weights_on_every_code(fmt):
                   *inputs[6:])
         got, want = fused_moe_nvfp4(*inputs, tile_table=SMALL), fused_moe_nvfp4_reference(*inputs)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=2e-4)
+
+
+@pytest.mark.parametrize("target_name, triton_3_6, swapped", [
+    ("sm90", True, True), ("sm100", False, True), ("sm100", True, False), ("sm103", True, False),
+    ("gfx942", True, True)])
+def test_fp4_blocks_under_64_rows_swap_except_on_sm100_with_triton_3_6(monkeypatch, target_name, triton_3_6,
+                                                                       swapped):
+    """Triton 3.6 cannot compile the swapped gated FP4 tile for sm100/sm103 (its pipeliner asserts);
+    there the same block runs unswapped, elsewhere it swaps below 64 rows."""
+    launcher = importlib.import_module("tritonwarm.launchers.fused_moe")
+    monkeypatch.setattr(launcher, "_triton_before", lambda version: triton_3_6 and version == (3, 7))
+    packed = torch.zeros(8, 64, 32, dtype=torch.uint8)
+    with target_driver(TARGETS[target_name]):
+        assert launcher._fp4_constexprs(packed, TileConfig(16, 64, 64, 1, 4, 3))["SWAP"] is swapped
+        assert launcher._fp4_constexprs(packed, TileConfig(64, 128, 64, 8, 8, 3))["SWAP"] is False
+
+
+def test_the_triton_version_is_compared_as_numbers():
+    import triton
+    from tritonwarm.launchers.fused_moe import _triton_before
+
+    major, minor = (int(p) for p in triton.__version__.split(".")[:2])
+    assert _triton_before((major, minor + 1)) and not _triton_before((major, minor))
+    assert _triton_before((major, 10)) is (minor < 10)  # 3.10 comes after 3.9

@@ -185,3 +185,211 @@ def test_every_target_with_a_manifest_or_only_a_journal_is_found(tmp_path):
     assert list(found) == ["gfx942", "sm90"]
     assert [m.target for m in found.values()] == ["gfx942", "sm90"] and found["sm90"].cache_dir == tmp_path
     assert manifests(tmp_path / "none") == {}
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"", "empty"),
+    (b"  \n", "empty"),
+    (b'{"format": 1, "variants": {', None),  # not JSON, with what the parser says
+    (b"[]", "not a tritonwarm manifest of format 1"),
+    (b'{"format": 2, "variants": {}}', "not a tritonwarm manifest of format 1"),
+    (b'{"format": 1}', "not a tritonwarm manifest of format 1"),
+    (b'{"format": 1, "variants": []}', "not a tritonwarm manifest of format 1"),
+    (b'{"format": 1, "target": "gfx942", "variants": {}}', "target: 'gfx942' in the manifest of sm90"),
+    (b'{"format": 1, "variants": {}, "generation": "3"}', "generation: '3' is not an integer"),
+    (b'{"format": 1, "variants": {}, "generation": true}', "generation: True is not an integer"),
+])
+def test_a_manifest_file_that_is_not_one_is_named_with_what_is_wrong(tmp_path, content, why):
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.dir.mkdir()
+    manifest.path.write_bytes(content)
+    if why is None:
+        with pytest.raises(ValueError) as parsed:
+            json.loads(content)
+        why = f"not JSON ({parsed.value})"
+    with pytest.raises(ManifestDamaged) as raised:
+        manifest.read()
+    assert str(raised.value) == f"{manifest.path}: damaged manifest: {why}; `tritonwarm warmup` rebuilds it"
+    assert manifest.environments() == {}  # what reads only the environments finds none, and goes on
+
+
+def test_what_a_manifest_file_leaves_out_reads_as_nothing_recorded(tmp_path):
+    """No file yet, no target or generation (a manifest of an older tritonwarm), environments that are
+    not a table, a record written before its folder's name was: all read, none refused."""
+    manifest = Manifest(tmp_path, "sm90")
+    assert manifest.read() == {} and manifest.environments() == {}
+    cache_hash, record = _record(1)
+    del record["entry_dir"]
+    manifest.dir.mkdir()
+    manifest.path.write_text(json.dumps({"format": 1, "variants": {cache_hash: record}, "environments": [1]}))
+    assert Manifest(tmp_path, "sm90").read()[cache_hash]["entry_dir"] == entry_dir_name(cache_hash)
+    assert Manifest(tmp_path, "sm90").environments() == {}
+    manifest.update(dict([_record(2)]))  # extends generation 0
+    assert sorted(Manifest(tmp_path, "sm90").read()) == [cache_hash, _record(2)[0]]
+
+
+def test_an_unreadable_manifest_says_so_in_one_line(tmp_path):
+    from tritonwarm.jit.cache.layout import CacheError
+
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.path.mkdir(parents=True)  # a folder where the file should be
+    with pytest.raises(CacheError) as raised:
+        manifest.read()
+    assert str(raised.value) == f"{manifest.path}: unreadable manifest: Is a directory"
+
+
+@pytest.mark.parametrize("header", [
+    b"not json\n", b'{"journal": 2, "generation": 0}\n', b'{"journal": 1, "generation": "0"}\n',
+    b'{"journal": 1}\n', b"[1]\n", b'{"generation": 0}\n'])
+def test_a_journal_whose_first_line_is_no_header_is_damage(tmp_path, header):
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.dir.mkdir()
+    manifest.journal.write_bytes(header + json.dumps({"set": dict([_record(1)])}).encode() + b"\n")
+    with pytest.raises(ManifestDamaged) as raised:
+        manifest.read()
+    assert str(raised.value) == (f"{manifest.journal}: damaged manifest journal: its first line is not a journal "
+                                 "header of format 1; `tritonwarm warmup` rebuilds it")
+
+
+def test_a_journal_line_that_is_no_change_is_named_by_its_line_number(tmp_path):
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+    with open(manifest.journal, "ab") as f:
+        f.write(b'["not", "a change"]\n')
+    with pytest.raises(ManifestDamaged) as raised:
+        manifest.read()
+    assert str(raised.value) == (f"{manifest.journal}: damaged manifest journal: line 3 is not a change tritonwarm "
+                                 "writes; `tritonwarm warmup` rebuilds it")
+
+
+def test_a_damaged_manifest_is_set_aside_with_its_journal_and_a_sound_one_is_left(tmp_path):
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+    assert manifest.set_aside_damaged() is None and manifest.journal.exists()
+    manifest.compact()
+    manifest.update(dict([_record(2)]))
+    manifest.path.write_text("{")
+    aside = manifest.set_aside_damaged()
+    assert aside == manifest.path.with_name("manifest-sm90.json.damaged") and aside.read_text() == "{"
+    assert manifest.journal.with_name("manifest-sm90.journal.damaged").exists()
+    assert not manifest.path.exists() and not manifest.journal.exists() and manifest.read() == {}
+    manifest.path.write_text("[]")  # damaged, with no journal beside it
+    assert manifest.set_aside_damaged() == aside and aside.read_text() == "[]"
+
+
+def test_a_writer_appends_an_environment_once_per_journal(tmp_path):
+    environments = {"e1": {"triton": {"version": "3.9.0"}}}
+    manifest = Manifest(tmp_path, "sm90")
+    for number in (1, 2):
+        manifest.update(dict([_record(number)]), environments=environments)
+    header, first, second = manifest.journal.read_bytes().splitlines()
+    assert json.loads(first)["environments"] == environments and json.loads(second)["environments"] == {}
+    assert first == json.dumps(json.loads(first), separators=(",", ":")).encode()  # one compact line a record
+    manifest.compact()
+    manifest.update(dict([_record(3)]), environments=environments)  # a new journal names them again
+    assert json.loads(manifest.journal.read_bytes().splitlines()[1])["environments"] == environments
+    assert Manifest(tmp_path, "sm90").environments() == environments
+
+
+def test_environments_read_again_once_another_writer_changed_the_manifest(tmp_path):
+    reader = Manifest(tmp_path, "sm90")
+    reader.update(dict([_record(1)]), environments={"e1": {"triton": {"version": "3.9.0"}}})
+    assert list(reader.environments()) == ["e1"]
+    _, second = _record(2)
+    Manifest(tmp_path, "sm90").update({_record(2)[0]: {**second, "environment": "e2"}},
+                                      environments={"e2": {"triton": {"version": "3.9.0"}}})
+    assert list(reader.environments()) == ["e1", "e2"]
+
+
+def test_the_journal_is_written_with_the_caches_file_mode_and_never_through_a_link(tmp_path):
+    from tritonwarm.jit.cache.layout import CacheError, file_mode
+
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+    assert manifest.journal.stat().st_mode & 0o777 == file_mode()
+    manifest.compact()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("kept\n")
+    manifest.journal.symlink_to(elsewhere)
+    with pytest.raises(CacheError, match=r"^cannot write .*manifest-sm90\.journal: Too many levels of symbolic links"):
+        manifest.update(dict([_record(2)]))
+    assert elsewhere.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("errno_name, message", [("ENOSPC", "disk full: cannot write {}: no space left on device"),
+                                                 ("EACCES", "cannot write {}: Permission denied")])
+def test_a_record_that_cannot_be_written_leaves_the_journal_as_it_was(tmp_path, monkeypatch, errno_name, message):
+    import errno
+
+    from tritonwarm.jit.cache.layout import CacheError
+
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+    before = manifest.journal.read_bytes()
+
+    def fails(fd):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+
+    monkeypatch.setattr(os, "fsync", fails)
+    with pytest.raises(CacheError) as raised:
+        manifest.update(dict([_record(2)]))
+    assert str(raised.value) == message.format(manifest.journal)
+    assert manifest.journal.read_bytes() == before  # what was written of the record is no record
+    monkeypatch.undo()
+    assert list(Manifest(tmp_path, "sm90").read()) == [_record(1)[0]]
+
+
+@pytest.mark.parametrize("errno_name, message", [("ENOSPC", "disk full: cannot write {}: no space left on device"),
+                                                 ("EACCES", "cannot write {}: Permission denied")])
+def test_a_compaction_that_cannot_write_keeps_the_journal(tmp_path, monkeypatch, errno_name, message):
+    import errno
+
+    from tritonwarm.jit.cache import manifest as module
+    from tritonwarm.jit.cache.layout import CacheError
+
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+
+    def fails(*args, **kwargs):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)))
+
+    monkeypatch.setattr(module, "write_json_atomic", fails)
+    with pytest.raises(CacheError) as raised:
+        manifest.compact()
+    assert str(raised.value) == message.format(manifest.path)
+    assert manifest.journal.exists() and list(Manifest(tmp_path, "sm90").read()) == [_record(1)[0]]
+
+
+def test_a_compaction_writes_the_file_durably_in_its_format(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1)]))
+    synced.clear()
+    manifest.compact()
+    assert synced  # the file's bytes reach the disk before it replaces the old one
+    assert manifest.path.read_text().startswith('{\n "format": 1,\n "target": "sm90",\n "generation": 1,\n')
+
+
+def test_records_merge_with_records_that_name_no_rows_and_removals_of_unknown_keys(tmp_path):
+    manifest = Manifest(tmp_path, "sm90")
+    cache_hash, record = _record(1)
+    manifest.update({cache_hash: {k: v for k, v in record.items() if k != "rows"}})
+    manifest.update({cache_hash: record}, remove=[f"{9:064x}"])
+    manifest.update({cache_hash: {k: v for k, v in record.items() if k != "rows"}})
+    assert Manifest(tmp_path, "sm90").read()[cache_hash]["rows"] == record["rows"]
+
+
+@pytest.mark.parametrize("content, end", [
+    (b"header\n" + b"x" * 5000, 7),  # the newline a whole chunk back
+    (b"h\n" + b"y" * 4094 + b"\n" + b"z" * 10, 4097),  # at the first byte of the last chunk
+    (b"\n" + b"z" * 4095, 1),  # at the file's first byte
+    (b"x" * 4097 + b"\n", 4098),
+])
+def test_the_end_of_the_last_whole_line_is_found_across_chunks(content, end):
+    import io
+
+    from tritonwarm.jit.cache.manifest import _end_of_last_line
+
+    assert _end_of_last_line(io.BytesIO(content), len(content)) == end

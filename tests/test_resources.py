@@ -93,9 +93,25 @@ def test_amd_registers_and_lds_are_read_from_the_hsaco(tmp_path):
         written = int(re.search(rf"^\s*{re.escape(key)}:\s+(\d+)", assembly, re.M).group(1))
         assert descriptor[key] == written
     assert usage["registers"] == descriptor[".vgpr_count"] > 0 and usage["sgprs"] == descriptor[".sgpr_count"] > 0
+    total = int(re.search(r"^; TotalNumVgprs: (\d+)", assembly, re.M).group(1))  # what the compiler counted
+    assert usage["registers"] == total
     assert usage["num_warps"] == variant.num_warps and not over_limits(TARGETS["gfx942"], usage)
     assert amd_kernel_descriptor(files[f"{variant.entry_name}.json"]) is None  # not an ELF: nothing, no error
 
+
+
+def test_an_amd_lane_holds_what_vgpr_count_says_agprs_included():
+    """On CDNA2 and later LLVM's ``.vgpr_count`` is the unified file's whole use: 9 VGPRs and 32 AGPRs
+    are 44 (LLVM's own test, agpr-register-count.ll), 512 is the limit itself. Adding ``.agpr_count``
+    again refused a Triton 3.6 MLA decode for gfx942 that holds exactly 512."""
+    from tritonwarm.jit.pipeline.resources import _amd_usage
+
+    assert _amd_usage({".vgpr_count": 44, ".agpr_count": 32, ".sgpr_count": 20})["registers"] == 44
+    full = _amd_usage({".vgpr_count": 512, ".agpr_count": 85, ".sgpr_count": 96})
+    assert full["registers"] == 512 and full["agprs"] == 85
+    assert not over_limits(TARGETS["gfx942"], {**full, "num_warps": 4, "shared": 0})
+    over = over_limits(TARGETS["gfx942"], {**full, "registers": 513, "num_warps": 4, "shared": 0})
+    assert over and over[0].resource == "VGPRs + AGPRs" and over[0].need == 513
 
 # ----------------------------------------------------------------------------- the over-limit fixture
 

@@ -46,8 +46,8 @@ def _metadata(files: dict[str, str]) -> dict:
 
 def resource_usage(target, files: dict[str, str]) -> dict | None:
     """What one program of an entry occupies: ``shared`` bytes, ``num_warps`` and, where the binary
-    tells, ``registers`` per thread and spill bytes (``local``); NVIDIA also ``stack``, AMD ``vgprs``,
-    ``agprs`` and ``sgprs`` (``registers`` is then the VGPRs + AGPRs a lane holds); Blackwell
+    tells, ``registers`` per thread and spill bytes (``local``); NVIDIA also ``stack``, AMD ``agprs``
+    and ``sgprs`` (``registers`` is then the VGPRs + AGPRs a lane holds); Blackwell
     ``tensor_memory`` (columns).
 
     ``shared`` is Triton's launch-time shared memory (the ``shared`` of the entry's metadata, which
@@ -107,10 +107,9 @@ def _amd_usage(kernel: dict) -> dict:
         value = kernel.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
-    vgprs, agprs = count(".vgpr_count"), count(".agpr_count")
-    # CDNA2 and later: one register file; the AGPRs follow the VGPRs rounded up to 4
-    lane = (-(-vgprs // 4) * 4 + agprs) if agprs else vgprs
-    return {"registers": lane, "vgprs": vgprs, "agprs": agprs, "sgprs": count(".sgpr_count"),
+    # CDNA2 and later (every AMD target here): one register file per lane, and LLVM's ``.vgpr_count``
+    # is already its whole use, the VGPRs rounded up to 4 plus the AGPRs (``.agpr_count``, of them)
+    return {"registers": count(".vgpr_count"), "agprs": count(".agpr_count"), "sgprs": count(".sgpr_count"),
             "local": count(".private_segment_fixed_size")}
 
 
