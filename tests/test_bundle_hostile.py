@@ -279,3 +279,34 @@ def test_image_of_a_hostile_bundle_is_refused_in_one_error(tmp_path, good, case)
     with pytest.raises(BundleError, match=words):
         oci.bundle_to_layout(bundle, tmp_path / "image")
     assert not [p for p in (tmp_path / "image" / "blobs" / "sha256").iterdir()]
+
+
+def test_a_bundle_its_readers_would_refuse_is_never_written(tmp_path, monkeypatch):
+    """``bundle create`` and ``bundle merge`` refuse, before any byte, a bundle over a cap that
+    ``verify`` and ``install`` hold it to, and say how many bundles the same variants fit in."""
+    from tritonwarm.jit.cache import bundle
+
+    rows = {f"{i:064x}": {"entry_dir": f"E{i}", "entry_name": "k", "files": {"k.cubin": "0" * 64, "k.json": "0" * 64}}
+            for i in range(5)}
+    header = {"format": 1, "targets": {"sm90": rows}}
+    out = tmp_path / "b.tar.gz"
+
+    def never_read(entry_dir, name):
+        raise AssertionError("a file was read")
+
+    for caps, expected in [
+        (dict(entries=2), "5 entries, over the 2 that `bundle verify` and `bundle install` accept: make 4 bundles"),
+        (dict(files=4), "10 files, over the 4 that"),
+        (dict(header_bytes=100), f"bytes of {HEADER_NAME}, over the 100 that"),
+        (dict(header_commas=5), f"commas in {HEADER_NAME}, over the 5 that"),
+        (dict(header_containers=3), f"brackets in {HEADER_NAME}, over the 3 that"),
+    ]:
+        monkeypatch.setattr(bundle, "Limits", lambda caps=caps: Limits(**caps))
+        with pytest.raises(BundleError) as raised:
+            bundle.write(out, header, never_read)
+        assert str(raised.value).startswith(f"{out}: ") and expected in str(raised.value), str(raised.value)
+        assert "--shard I/" in str(raised.value) and not list(tmp_path.iterdir())
+    monkeypatch.setattr(bundle, "Limits", lambda: Limits(entries=5))
+    with pytest.raises(AssertionError, match="a file was read"):  # at the cap: written
+        bundle.write(out, header, never_read)
+    assert not list(tmp_path.iterdir())  # and what a failed write began is removed

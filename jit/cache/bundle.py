@@ -170,13 +170,15 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
     bundle's sha256 names its content.
     """
     out = Path(out)
+    data = json.dumps(_canonical(header), indent=1).encode()
+    _refuse_what_readers_refuse(out, data, header, Limits())
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw, \
                 gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
                 tarfile.open(fileobj=gz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            _add_bytes(tar, HEADER_NAME, json.dumps(_canonical(header), indent=1).encode())
+            _add_bytes(tar, HEADER_NAME, data)
             for entry_dir, entry_name, names in _entries(header):
                 for name in names:
                     path = source(entry_dir, name)
@@ -191,6 +193,24 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _refuse_what_readers_refuse(out: Path, data: bytes, header: dict, limits: Limits) -> None:
+    """A bundle over a cap that ``verify`` and ``install`` hold it to is not written: one line with the
+    count, the cap and how many bundles the same variants fit in (``--shard I/N``), before any byte."""
+    rows = [row for rows in header["targets"].values() for row in rows.values()]
+    counts = [("entries", len(rows), limits.entries),
+              ("files", sum(len(row.get("files", {})) for row in rows), limits.files),
+              (f"bytes of {HEADER_NAME}", len(data), limits.header_bytes),
+              (f"commas in {HEADER_NAME}", data.count(b","), limits.header_commas),
+              (f"brackets in {HEADER_NAME}", data.count(b"[") + data.count(b"{"), limits.header_containers)]
+    over = [(what, count, cap) for what, count, cap in counts if count > cap]
+    if over:
+        what, count, cap = over[0]
+        parts = max(-(-count * 5 // (cap * 4)) for _, count, cap in over)  # shards differ in size: 25 % spare
+        raise BundleError(f"{out}: {count} {what}, over the {cap} that `bundle verify` and `bundle install` "
+                          f"accept: make {parts} bundles of these variants instead, one per "
+                          f"`bundle create ... --shard I/{parts}` (I = 1..{parts}), and install each")
 
 
 _IN_ORDER = ("args",)  # tables whose order is the kernel's signature: kept, not sorted
