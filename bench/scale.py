@@ -354,8 +354,9 @@ def at_size(work: Path, spec: Path, seed_cache: Path, n: int, shards: int, use_r
         else:
             try:
                 measure(cli("warmup", str(spec), "--target", TARGET, *c, "--push", url, "--json"))
-                row(f"check --remote, {n} planned", inner("remote", str(cache), str(spec), url),
-                    check=lambda out: "ok" if json.loads(out)["ok"] and json.loads(out)["present"] == n else out)
+                row(f"check --remote, {n} planned", inner("remote", str(cache), str(spec), url), mb=mb,
+                    check=lambda out: "ok: reads and hashes every byte in Redis" if json.loads(out)["ok"]
+                    and json.loads(out)["present"] == n else out)
                 row(f"check --remote (traces the spec: {made['real']} planned)",
                     cli("check", str(spec), "--target", TARGET, "--remote", url))
             finally:
