@@ -393,3 +393,46 @@ def test_the_end_of_the_last_whole_line_is_found_across_chunks(content, end):
     from tritonwarm.jit.cache.manifest import _end_of_last_line
 
     assert _end_of_last_line(io.BytesIO(content), len(content)) == end
+
+
+def test_an_environment_that_names_no_triton_still_judges_a_record_that_names_no_version():
+    from tritonwarm.jit.cache.manifest import entry_fingerprint
+
+    table = {"e1": {"env": {"TRITON_DEBUG": "1"}}}
+    assert entry_fingerprint({"environment": "e1"}, table) is table["e1"]
+    assert entry_fingerprint({"environment": "e1", "triton_version": "3.9.0"}, table)["triton"] == {"version": "3.9.0"}
+
+
+def test_a_damaged_journal_beside_no_manifest_file_is_set_aside(tmp_path):
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.dir.mkdir()
+    manifest.journal.write_bytes(b"not a header\n")
+    assert manifest.set_aside_damaged() == manifest.path.with_name("manifest-sm90.json.damaged")
+    assert manifest.journal.with_name("manifest-sm90.journal.damaged").exists() and not manifest.journal.exists()
+
+
+def test_a_short_record_after_a_long_stale_or_torn_journal_leaves_no_old_bytes(tmp_path):
+    """The next writer cuts what it does not extend (a journal already folded in, a torn last line)
+    down to what it keeps before appending, however short its own line is."""
+    manifest = Manifest(tmp_path, "sm90")
+    manifest.update(dict([_record(1), _record(2)]))
+    stale = manifest.journal.read_bytes()
+    manifest.compact()
+    manifest.journal.write_bytes(stale)  # a compaction killed before it removed the journal
+    manifest.update(remove=[_record(2)[0]])  # a line of a few bytes
+    journal = manifest.journal.read_bytes()
+    assert journal.count(b"\n") == 2 and journal.endswith(b"\n")  # the header and that line, nothing after
+    assert list(Manifest(tmp_path, "sm90").read()) == [_record(1)[0]]
+    with open(manifest.journal, "ab") as f:  # a writer killed mid-line, 4 KB into it
+        f.write(json.dumps({"set": dict([_record(3)])}).encode()[:4000])
+    manifest.update(remove=[_record(1)[0]])
+    lines = manifest.journal.read_bytes().split(b"\n")
+    assert len(lines) == 4 and lines[-1] == b"" and Manifest(tmp_path, "sm90").read() == {}
+
+
+def test_a_file_with_no_newline_has_no_whole_line():
+    import io
+
+    from tritonwarm.jit.cache.manifest import _end_of_last_line
+
+    assert _end_of_last_line(io.BytesIO(b"x" * 5000), 5000) == 0
