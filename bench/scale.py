@@ -11,6 +11,9 @@ Triton would compile for that key. `check` and `prune --unplanned` trace their s
 the plan store), so their command rows plan the few real variants against a cache of N; the `check, N planned`
 and `check --remote, N planned` rows run the same checks, in a process of their own, on the stored plan of N.
 
+A bundle holds at most 2,000 entries (the caps its readers hold it to): above that the bundle rows are
+one shard bundle of K, and the K shard bundles are installed one by one into one cache instead of merged.
+
 Every row is a separate process: the seconds are its wall time, the RSS its peak resident memory
 (``wait4``). Bookkeeping is the cost of recording one variant as a warm-up does (``Manifest.update``),
 into a manifest of 100 entries and into one of N, compilation excluded.
@@ -242,8 +245,9 @@ def redis_server(work: Path):
 
 def at_size(work: Path, spec: Path, seed_cache: Path, n: int, shards: int, use_redis: bool) -> list[dict]:
     cache = work / f"cache-{n}"
-    made = json.loads(measure(inner("build", str(seed_cache), str(cache), str(n)))[2])  # the bench itself stays small:
-    # a child's peak RSS (wait4) starts from its parent's, which fork and exec carry over
+    # built in a process of its own, so the bench stays small: a child's peak RSS (wait4) starts from
+    # its parent's, which fork and exec carry over
+    made = json.loads(measure(inner("build", str(seed_cache), str(cache), str(n)))[2])
     print(f"{n}: made {made['real']} real entries and {made['clones']} clones of them ({made['bytes'] / 1e6:.0f} MB "
           f"of entries, manifest {made['manifest_bytes'] / 1e6:.1f} MB)", flush=True)
     rows = []

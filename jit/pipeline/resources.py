@@ -108,7 +108,7 @@ def _amd_usage(kernel: dict) -> dict:
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     # CDNA2 and later (every AMD target here): one register file per lane, and LLVM's ``.vgpr_count``
-    # is already its whole use, the VGPRs rounded up to 4 plus the AGPRs (``.agpr_count``, of them)
+    # is already its whole use: the VGPRs, rounded up to 4, plus the AGPRs (``.agpr_count`` alone)
     return {"registers": count(".vgpr_count"), "agprs": count(".agpr_count"), "sgprs": count(".sgpr_count"),
             "local": count(".private_segment_fixed_size")}
 
