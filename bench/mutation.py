@@ -36,7 +36,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "plan": ("jit/pipeline/plan.py", ["test_plan_integrity.py", "test_warmup.py", "test_core_checks.py"]),
     "trace": ("jit/core/trace.py", ["test_runtime_keys.py", "test_record.py", "test_core_checks.py"]),
     "remote": ("jit/cache/remote.py", ["test_remote_cache.py", "test_cache_manager.py"]),
-    "overlay": ("jit/cache/overlay.py", ["test_readonly_cache.py", "test_trust.py"]),
+    "overlay": ("jit/cache/overlay.py", ["test_overlay.py", "test_readonly_cache.py", "test_trust.py"]),
     "bundle": ("jit/cache/bundle.py", ["test_bundle.py", "test_bundle_hostile.py", "test_bundle_shard.py"]),
     "signing": ("jit/cache/signing.py", ["test_signing.py", "test_trust.py"]),
 }

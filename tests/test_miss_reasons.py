@@ -438,3 +438,37 @@ def test_another_target_only_is_told_and_a_damaged_manifest_explains_nothing(tmp
                             ["gfx942"]).why(wanted) is None
     (tmp_path / "tritonwarm" / "manifest-gfx942.json").write_text("{not json")
     assert WarmedNeighbours.of_cache(tmp_path, "gfx942", RUNTIME).why(wanted) is None
+
+
+def test_a_cache_warmed_only_for_other_targets_names_them_and_the_fix():
+    from tritonwarm.jit.serving.miss import OTHER_TARGET, WarmedNeighbours
+
+    neighbours = WarmedNeighbours({}, {}, {}, "sm90", other_targets=["gfx942", "sm80", "sm90"])
+    reason = neighbours.why({"kernel": "pkg.k", "args": {}})
+    assert reason.kind == OTHER_TARGET
+    assert reason.line == "this cache holds no entry for sm90, only for gfx942, sm80: warm with --target sm90"
+    assert WarmedNeighbours({}, {}, {}, "sm90").why({"kernel": "pkg.k"}) is None  # a cold cache explains nothing
+
+
+def test_differences_name_what_only_one_side_has_with_a_dash():
+    from tritonwarm.jit.serving.miss import _differences, _differing_globals
+
+    assert _differing_globals({"constexpr_globals": {"A": 1, "B": 2}}, {"constexpr_globals": {"A": 1, "C": 3}}) == \
+        [("B", 2, "-"), ("C", "-", 3)]
+    assert _differing_globals({}, {"constexpr_globals": {"A": 1}}) == []  # recorded before globals were
+    options = {"options": {"num_warps": 4}}
+    assert _differences(options, {"args": {"x": "i32"}, **options}) == [("x", "-", "i32")]
+    assert _differences({"args": {"x": "i32"}, **options}, options) == [("x", "i32", "-")]
+
+
+@pytest.mark.parametrize("key, options", [
+    ("[('i32', 'D')]{'num_warps': 4, 'tag': 'x]{y'}", {"num_warps": 4, "tag": "x]{y"}),  # the first ]{ ends the key
+    ("]{'num_warps': 2}", {"num_warps": 2}),
+    ("{'num_warps': 2}", {"num_warps": 8, "num_stages": 3}),  # not Triton's form: the record's own fields
+    ("[('i32', 'D')]{'num_warps': ", {"num_warps": 8, "num_stages": 3}),
+    (None, {"num_warps": 8, "num_stages": 3}),
+])
+def test_the_compile_options_are_read_from_the_end_of_tritons_key(key, options):
+    from tritonwarm.jit.serving.miss import _options
+
+    assert _options({"key": key, "num_warps": 8, "num_stages": 3}) == options

@@ -1,0 +1,114 @@
+"""Fast tests of the overlay cache manager (a read-only warmed cache, a writable folder for what serving
+compiles), beside the slow scenarios of tests/test_readonly_cache.py that run Triton through it."""
+
+import json
+import os
+
+import pytest
+from tritonwarm.jit.cache import overlay
+from tritonwarm.jit.cache.layout import CacheError
+from tritonwarm.jit.cache.overlay import OVERLAY_ENV, OverlayCacheManager, refuse_if_overlaid, refuse_unless_own_folder
+
+KEY = "K" * 52
+MANAGER = "tritonwarm.jit.cache.overlay:OverlayCacheManager"
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    """A warmed cache holding one complete entry (a group and its two files) and an overlay not made yet."""
+    warmed, over = tmp_path / "warmed", tmp_path / "overlay"
+    entry = warmed / KEY
+    entry.mkdir(parents=True)
+    for name in ("k.cubin", "k.json"):
+        (entry / name).write_text(name)
+    group = {"child_paths": {n: str(entry / n) for n in ("k.cubin", "k.json")}}
+    (entry / "__grp__k.json").write_text(json.dumps(group))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(warmed))
+    monkeypatch.setenv(OVERLAY_ENV, str(over))
+    monkeypatch.setattr(overlay, "_owned", set())
+    return warmed, over
+
+
+def test_without_an_overlay_it_is_tritons_own_manager(folders, monkeypatch):
+    warmed, _ = folders
+    monkeypatch.delenv(OVERLAY_ENV)
+    manager = OverlayCacheManager(KEY)
+    assert manager.warmed_dir is None and manager.cache_dir == str(warmed / KEY)
+    assert manager.get_group("k.json") == {n: str(warmed / KEY / n) for n in ("k.cubin", "k.json")}
+
+
+def test_the_warmed_folder_is_read_first_and_every_write_goes_to_the_overlay(folders):
+    warmed, over = folders
+    manager = OverlayCacheManager(KEY)
+    assert manager.cache_dir == str(over / KEY)
+    assert manager.get_file("k.cubin") == str(warmed / KEY / "k.cubin")
+    assert manager.get_group("k.json") == {n: str(warmed / KEY / n) for n in ("k.cubin", "k.json")}
+    assert manager.get_file("other.cubin") is None and not over.exists()  # a lookup makes no overlay
+    written = manager.put(b"new", "other.cubin")
+    assert written == str(over / KEY / "other.cubin") and (over / KEY / "other.cubin").read_bytes() == b"new"
+    assert not (warmed / KEY / "other.cubin").exists() and (over.stat().st_mode & 0o777) == 0o755
+    assert manager.get_file("other.cubin") == written  # the overlay is read next
+
+
+def test_a_group_is_taken_only_whole_from_the_warmed_folder_then_the_overlay(folders):
+    warmed, over = folders
+    (warmed / KEY / "k.cubin").unlink()  # the warmed group is partial now
+    manager = OverlayCacheManager(KEY)
+    assert manager.get_group("k.json") is None
+    for name in ("k.cubin", "k.json"):
+        manager.put(name.encode(), name)
+    manager.put(json.dumps({"child_paths": {n: str(over / KEY / n) for n in ("k.cubin", "k.json")}}),
+                "__grp__k.json", binary=False)
+    assert manager.get_group("k.json") == {n: str(over / KEY / n) for n in ("k.cubin", "k.json")}
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda p: p.symlink_to(p.parent), "is a symbolic link"),
+    (lambda p: (p.mkdir(), p.chmod(0o775)), "is writable by its group (mode 775)"),
+    (lambda p: (p.mkdir(), p.chmod(0o757)), "is writable by others (mode 757)"),
+])
+def test_an_overlay_folder_someone_else_could_plant_entries_in_is_refused(tmp_path, make, why):
+    folder = tmp_path / "overlay"
+    make(folder)
+    with pytest.raises(CacheError) as raised:
+        refuse_unless_own_folder(str(folder))
+    assert str(raised.value) == (f"{OVERLAY_ENV}={folder} {why}: the overlay's entries are loaded as they are, so "
+                                 "it must be this serving account's own folder, writable by no one else: refused")
+
+
+def test_an_overlay_path_that_is_a_file_is_named_in_one_line(tmp_path):
+    (tmp_path / "overlay").write_text("")
+    with pytest.raises(CacheError) as raised:
+        refuse_unless_own_folder(str(tmp_path / "overlay"))
+    assert str(raised.value) == f"{OVERLAY_ENV}={tmp_path / 'overlay'}: File exists"
+
+
+def test_a_planted_overlay_is_refused_at_the_first_lookup(folders):
+    _, over = folders
+    over.mkdir()
+    over.chmod(0o757)
+    with pytest.raises(CacheError, match="is writable by others"):
+        OverlayCacheManager(KEY)
+    over.chmod(0o755)
+    assert OverlayCacheManager(KEY).get_file("missing.cubin") is None
+
+
+def test_a_command_that_fills_the_cache_refuses_to_run_under_the_overlay(folders, monkeypatch, tmp_path):
+    _, over = folders
+    refuse_if_overlaid(tmp_path / "cache")  # Triton's own manager: nothing to refuse
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    assert overlay.overlay_in_force() == over
+    with pytest.raises(CacheError) as raised:
+        refuse_if_overlaid(tmp_path / "cache")
+    assert str(raised.value) == (f"{OVERLAY_ENV}={over} is set with the overlay cache manager: Triton would write "
+                                 f"what this compiles there, not into {tmp_path / 'cache'}: unset {OVERLAY_ENV} for "
+                                 "this command")
+    monkeypatch.delenv(OVERLAY_ENV)
+    assert overlay.overlay_in_force() is None
+
+
+def test_a_folder_not_made_yet_is_writable_where_its_nearest_parent_is(tmp_path):
+    assert overlay._writable(tmp_path / "a" / "b" / "c")
+    (tmp_path / "file").write_text("")
+    assert not overlay._writable(tmp_path / "file" / "below")  # its nearest existing "parent" is a file
+    assert os.access(tmp_path, os.W_OK)
