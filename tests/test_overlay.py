@@ -112,3 +112,29 @@ def test_a_folder_not_made_yet_is_writable_where_its_nearest_parent_is(tmp_path)
     (tmp_path / "file").write_text("")
     assert not overlay._writable(tmp_path / "file" / "below")  # its nearest existing "parent" is a file
     assert os.access(tmp_path, os.W_OK)
+
+
+def test_where_a_miss_would_fail_instead_of_compiling_it_is_said_with_the_fix(folders, monkeypatch, tmp_path):
+    """A cache this process cannot write (a read-only mount; tests run as root, so the check is answered
+    for it): under Triton's own manager and the remote one a miss fails; under the overlay it compiles,
+    unless the overlay cannot be written either."""
+    warmed, over = folders
+    unwritable = {str(warmed)}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) not in unwritable and real_access(path, mode))
+    assert overlay.misses_fail_here(tmp_path / "absent") is None and overlay.misses_fail_here(tmp_path) is None
+    assert overlay.misses_fail_here(warmed) == (
+        f"this process cannot write to {warmed} (read-only, or another owner's): Triton's first launch of a kernel "
+        "it lacks fails (OSError) instead of compiling: a class no spec warmed, a kernel of torch.compile or of "
+        f"another package: serve with TRITON_CACHE_MANAGER={MANAGER} and {OVERLAY_ENV}=<a writable folder>")
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "triton.runtime.cache:RemoteCacheManager")
+    assert overlay.misses_fail_here(warmed) == (
+        f"this process cannot write to {warmed}, and Triton's RemoteCacheManager writes every entry it reads into "
+        "this folder: every lookup fails (OSError), hit or miss: serve with TRITON_CACHE_MANAGER="
+        f"tritonwarm.jit.cache.remote:RedisCacheManager and {OVERLAY_ENV}=<a writable folder>")
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", MANAGER)
+    assert overlay.misses_fail_here(warmed) is None  # the overlay (not made yet) can be: misses compile there
+    unwritable.add(str(tmp_path))  # the overlay's nearest existing folder
+    assert overlay.misses_fail_here(warmed) == (
+        f"{OVERLAY_ENV}={over} cannot be written either: Triton's first launch of a kernel the cache lacks fails "
+        "(OSError): point it at a writable folder")
