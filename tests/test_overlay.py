@@ -138,3 +138,41 @@ def test_where_a_miss_would_fail_instead_of_compiling_it_is_said_with_the_fix(fo
     assert overlay.misses_fail_here(warmed) == (
         f"{OVERLAY_ENV}={over} cannot be written either: Triton's first launch of a kernel the cache lacks fails "
         "(OSError): point it at a writable folder")
+
+
+def test_the_overlay_is_made_owner_writable_only_whatever_the_umask(folders):
+    _, over = folders
+    old = os.umask(0)
+    try:
+        OverlayCacheManager(KEY).put(b"x", "k.cubin")
+    finally:
+        os.umask(old)
+    assert over.stat().st_mode & 0o777 == 0o755
+
+
+def test_the_manager_names_its_key_lock_and_folders_as_tritons_does(folders):
+    _, over = folders
+    manager = OverlayCacheManager(KEY)
+    assert (manager.key, manager.lock_path) == (KEY, str(over / KEY / "lock"))
+
+
+def test_overrides_and_dumps_are_tritons_own(folders, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))
+    monkeypatch.setenv("TRITON_DUMP_DIR", str(tmp_path / "dump"))
+    for kwargs, folder in ((dict(override=True), "override"), (dict(dump=True), "dump")):
+        manager = OverlayCacheManager(KEY, **kwargs)
+        assert manager.warmed_dir is None and manager.cache_dir == str(tmp_path / folder / KEY), kwargs
+
+
+def test_an_overlay_checked_once_is_trusted_for_the_process_and_read(folders):
+    _, over = folders
+    written = OverlayCacheManager(KEY).put(b"new", "other.cubin")
+    overlay._owned.clear()  # a later process: the overlay exists and is this account's own
+    assert OverlayCacheManager(KEY).get_file("other.cubin") == written
+    over.chmod(0o757)  # checked once a process: not again at every lookup
+    assert OverlayCacheManager(KEY).get_file("other.cubin") == written
+
+
+def test_a_cache_manager_that_does_not_import_is_no_overlay(folders, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "no_such_module:Manager")
+    assert overlay.overlay_in_force() is None
