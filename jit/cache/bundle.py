@@ -195,12 +195,18 @@ def write(out: Path, header: dict, source: Callable[[str, str], Path]) -> None:
         raise
 
 
+def _entries_and_files(header: dict) -> tuple[int, int]:
+    """The entries a header's targets hold, and their files (a row that is no table counts none)."""
+    rows = [row for rows in header["targets"].values() for row in rows.values()]
+    return len(rows), sum(len(row["files"]) for row in rows
+                          if isinstance(row, dict) and isinstance(row.get("files"), dict))
+
+
 def _refuse_what_readers_refuse(out: Path, data: bytes, header: dict, limits: Limits) -> None:
     """A bundle over a cap that ``verify`` and ``install`` hold it to is not written: one line with the
     count, the cap and how many bundles the same variants fit in (``--shard I/N``), before any byte."""
-    rows = [row for rows in header["targets"].values() for row in rows.values()]
-    counts = [("entries", len(rows), limits.entries),
-              ("files", sum(len(row.get("files", {})) for row in rows), limits.files),
+    entries, files = _entries_and_files(header)
+    counts = [("entries", entries, limits.entries), ("files", files, limits.files),
               (f"bytes of {HEADER_NAME}", len(data), limits.header_bytes),
               (f"commas in {HEADER_NAME}", data.count(b","), limits.header_commas),
               (f"brackets in {HEADER_NAME}", data.count(b"[") + data.count(b"{"), limits.header_containers)]
@@ -373,11 +379,9 @@ def _check_header(header, path: Path, limits: Limits) -> None:
             bad(f"targets.{target!r}", "not a target name")
         if not isinstance(rows, dict):
             bad(f"targets.{target}", "not a table of rows")
-    entries = sum(len(rows) for rows in header["targets"].values())
+    entries, files = _entries_and_files(header)
     if entries > limits.entries:
         bad("targets", f"{entries} entries, over the limit of {limits.entries} (far more than a real cache holds)")
-    files = sum(len(row["files"]) for rows in header["targets"].values() for row in rows.values()
-                if isinstance(row, dict) and isinstance(row.get("files"), dict))
     if files > limits.files:
         bad("targets", f"{files} files, over the limit of {limits.files} (far more than a real cache holds)")
     if not isinstance(header.setdefault("binary_only", False), bool):
