@@ -156,15 +156,20 @@ def _fp4_constexprs(packed: torch.Tensor, config: TileConfig) -> dict:
         raise ValueError(f"packed FP4 weights {tuple(packed.shape)} must have contiguous rows starting on "
                          f"4-byte boundaries (strides {tuple(packed.stride())}): they are read as int32 words")
     target = active_gpu_target()
-    tcgen05 = target is not None and target.backend == "cuda" and 100 <= target.arch < 120
-    return dict(SWAP=_swapped(config, tcgen05), BF16_BITS=target is not None and target.backend == "cuda")
+    return dict(SWAP=_swapped(config, target), BF16_BITS=target is not None and target.backend == "cuda")
 
 
-def _swapped(config: TileConfig, tcgen05: bool) -> bool:
+def _tcgen05(target) -> bool:
+    """sm100 and later before sm120: the asynchronous MMA with its accumulator in tensor memory.
+    ``target``: a tritonwarm ``Target`` or Triton's ``GPUTarget`` (both name a backend and an arch)."""
+    return target is not None and target.backend == "cuda" and 100 <= int(target.arch) < 120
+
+
+def _swapped(config: TileConfig, target) -> bool:
     """``SWAP`` below 64-row blocks, except for sm100's tcgen05 MMA under Triton 3.6, whose pipeliner
     fails on the swapped gated FP4 tile (an MLIR assertion in TritonGPUPipeline; 3.7 compiles it):
     there the same blocks run unswapped."""
-    return config.block_m < 64 and not (tcgen05 and _triton_before((3, 7)))
+    return config.block_m < 64 and not (_tcgen05(target) and _triton_before((3, 7)))
 
 
 @cache
@@ -214,8 +219,8 @@ def fused_moe_shared_bytes(config: TileConfig, act_bytes: int, weight: str, gate
         return streamed + max(a_tile, decoded)
     packed = k * n // 2 + n * k // (32 if weight == "mxfp4" else 16)
     buffered = max(config.num_stages - 1, 0) * (a_tile + outputs * packed)
-    if 100 <= int(target.arch) < 120:  # tcgen05
-        return buffered + (2 * a_tile + m * n * 4 if _swapped(config, True) else outputs * decoded + a_tile)
+    if _tcgen05(target):
+        return buffered + (2 * a_tile + m * n * 4 if _swapped(config, target) else outputs * decoded + a_tile)
     return buffered + decoded + a_tile
 
 
