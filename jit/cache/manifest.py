@@ -76,11 +76,13 @@ class Manifest:
             return st.st_ino, st.st_size, st.st_mtime_ns
         return of(self.path), of(self.journal)
 
-    def _load(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
-        """``(variants, environments, generation)``, the journal applied and every record checked."""
+    def _load(self, data: dict | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], int]:
+        """``(variants, environments, generation)``, the journal applied and every record checked;
+        ``data``: the file as ``_read_file`` read it under the lock (its tables are changed in place)."""
         identity = self._identity()
         journal = self._read_bytes(self.journal)  # before the file: a journal folded in meanwhile names an
-        data = self._read_file()                  # older generation than the file read after it
+        if data is None:                          # older generation than the file read after it
+            data = self._read_file()
         variants, known = data["variants"], data["environments"]
         if b"\n" in journal and self._journal_generation(journal) == data["generation"]:
             self._apply_journal(journal, variants, known)
@@ -242,11 +244,13 @@ class Manifest:
             if not self.journal.exists():
                 return
             try:
-                before = self._read_file()
-                variants, environments, generation = self._load()
+                data = self._read_file()  # parsed once: what it held is kept, one table a record, to compare
+                before = ({key: dict(entry) if isinstance(entry, dict) else entry
+                           for key, entry in data["variants"].items()}, dict(data["environments"]))
+                variants, environments, generation = self._load(data)
             except ManifestDamaged:
                 return
-            if (before["variants"], before["environments"]) == (variants, environments):
+            if before == (variants, environments):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.journal)
                 return
