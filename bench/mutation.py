@@ -32,13 +32,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                  ["test_manifest_journal.py", "test_damaged_records.py", "test_warmup.py", "test_env.py",
                   "test_core_checks.py"]),
     "records": ("jit/cache/records.py", ["test_damaged_records.py", "test_env.py", "test_core_checks.py"]),
-    "layout": ("jit/cache/layout.py", ["test_disk.py", "test_damaged_records.py", "test_core_checks.py"]),
-    "plan": ("jit/pipeline/plan.py", ["test_plan_integrity.py", "test_warmup.py", "test_core_checks.py"]),
-    "trace": ("jit/core/trace.py", ["test_runtime_keys.py", "test_record.py", "test_core_checks.py"]),
-    "remote": ("jit/cache/remote.py", ["test_remote_cache.py", "test_cache_manager.py"]),
+    "layout": ("jit/cache/layout.py",
+               ["test_disk.py", "test_damaged_records.py", "test_core_checks.py", "test_layout_checks.py"]),
+    "plan": ("jit/pipeline/plan.py",
+             ["test_plan_integrity.py", "test_warmup.py", "test_core_checks.py", "test_plan_checks.py"]),
+    "trace": ("jit/core/trace.py",
+              ["test_runtime_keys.py", "test_record.py", "test_core_checks.py", "test_trace_checks.py"]),
+    "remote": ("jit/cache/remote.py", ["test_remote_cache.py", "test_cache_manager.py", "test_remote_checks.py"]),
     "overlay": ("jit/cache/overlay.py", ["test_overlay.py", "test_readonly_cache.py", "test_trust.py"]),
-    "bundle": ("jit/cache/bundle.py", ["test_bundle.py", "test_bundle_hostile.py", "test_bundle_shard.py"]),
-    "signing": ("jit/cache/signing.py", ["test_signing.py", "test_trust.py"]),
+    "bundle": ("jit/cache/bundle.py",
+               ["test_bundle.py", "test_bundle_hostile.py", "test_bundle_shard.py", "test_bundle_checks.py"]),
+    "signing": ("jit/cache/signing.py", ["test_signing.py", "test_trust.py", "test_signing_checks.py"]),
 }
 
 # Left out of mutation runs: each would cost every surviving mutant its whole run time, and fixed
