@@ -19,6 +19,7 @@ from tritonwarm.jit.pipeline.plan import plan
 from tritonwarm.jit.pipeline.specs import load_specs
 from tritonwarm.jit.pipeline.warmup import warm
 from tritonwarm.jit.serving.miss import (
+    COPIED,
     FILES_GONE,
     NOT_WARMED,
     OTHER_CLASS,
@@ -472,3 +473,75 @@ def test_the_compile_options_are_read_from_the_end_of_tritons_key(key, options):
     from tritonwarm.jit.serving.miss import _options
 
     assert _options({"key": key, "num_warps": 8, "num_stages": 3}) == options
+
+
+def _recorded_in(cache_dir, cache_hash, record):
+    from tritonwarm.jit.cache import Manifest
+    from tritonwarm.jit.cache.layout import entry_dir_name
+
+    record = {**record, "id": cache_hash[:12], "target": "sm90", "entry_name": "k",
+              "entry_dir": entry_dir_name(cache_hash)}
+    Manifest(cache_dir, "sm90").update({cache_hash: record})
+    return record
+
+
+def test_the_serving_monitors_neighbours_name_a_copied_cache_and_when_to_use_serve_at(tmp_path):
+    """``of_cache`` (what the serving monitor asks) reads the group files of the cache it was given:
+    an entry whose group names another folder's files is a copy, not files removed since the warm-up."""
+    from tritonwarm.jit.cache.layout import entry_dir_name
+
+    h = "e" * 64
+    _recorded_in(tmp_path, h, ENTRY)
+    here = entry_path(tmp_path, entry_dir_name(h))
+    here.mkdir(parents=True)
+    original = tmp_path / "original" / entry_dir_name(h)
+    (here / "__grp__k.json").write_text(json.dumps({"child_paths": {"k.cubin": str(original / "k.cubin")}}))
+    reason = WarmedNeighbours.of_cache(tmp_path, "sm90", RUNTIME).why({**ENTRY, "cache_hash": h, "entry_name": "k"})
+    assert reason.kind == COPIED and reason.detail == str(original.parent)
+    assert f"names its files under {original} " in reason.line
+    assert reason.line.endswith("move a cache with bundle create / bundle install (--serve-at PATH when it is "
+                                "installed at another path than the server mounts it at)")
+
+
+def test_records_the_caller_read_are_the_ones_explained(tmp_path):
+    """The dry run passes the records it holds; the manifest on disk (empty here) is not read instead."""
+    h = "e" * 64
+    record = {**ENTRY, "id": h[:12]}
+    neighbours = WarmedNeighbours.of_cache(tmp_path, "sm90", RUNTIME, recorded={h: record})
+    assert neighbours.why({**ENTRY, "cache_hash": "c" * 64}).kind == OTHER_CODE
+    assert WarmedNeighbours.of_cache(tmp_path, "sm90", RUNTIME).why({**ENTRY, "cache_hash": "c" * 64}) is None
+
+
+def test_only_the_served_targets_backend_decides_the_environment():
+    """An entry warmed for sm90 stays a neighbour where only another target's compiler differs."""
+    warmed = {"triton": {"version": "3.9.0", "key_sha256": "k"}, "env": {}, "backends": {"sm90": "A", "gfx942": "B"}}
+    runtime = {**warmed, "backends": {"sm90": "A", "gfx942": "C"}}
+    entry = {**ENTRY, "id": "aaaaaaaaaaaa", "environment": "w", "triton_version": None}
+    neighbours = WarmedNeighbours({"a" * 64: entry}, {"w": warmed}, runtime, "sm90")
+    assert neighbours.why({**ENTRY, "cache_hash": "c" * 64}).neighbour == "aaaaaaaaaaaa"
+    other_sm90 = {**runtime, "backends": {"sm90": "D", "gfx942": "B"}}
+    assert WarmedNeighbours({"a" * 64: entry}, {"w": warmed}, other_sm90, "sm90").why(ENTRY) is None
+
+
+def test_each_cause_names_its_neighbour_and_the_detail_its_line_is_grouped_by():
+    neighbours = WarmedNeighbours({"a" * 64: {**ENTRY, "id": "aaaaaaaaaaaa", "constexpr_globals": {"G": 1}}}, {},
+                                  RUNTIME, "sm90")
+    wanted = {**ENTRY, "cache_hash": "c" * 64}
+    constants = neighbours.why({**wanted, "constexpr_globals": {"G": 2}})
+    assert (constants.kind, constants.neighbour, constants.detail) == (OTHER_GLOBALS, "aaaaaaaaaaaa",
+                                                                      "G (warmed 1, here 2)")
+    debug = neighbours.why({**wanted, "key": KEY.replace("False", "True")})
+    assert (debug.kind, debug.neighbour) == (OTHER_OPTIONS, "aaaaaaaaaaaa")
+
+
+def test_a_record_without_arguments_is_told_from_its_neighbours_without_failing():
+    """Records of a kernel with no arguments, or an older record that lacks them, still get a reason."""
+    bare = {"kernel": "m.k", "key": "K", "num_warps": 4, "num_stages": 2, "id": "aaaaaaaaaaaa",
+            "triton_version": "3.9.0"}
+    neighbours = WarmedNeighbours({"a" * 64: bare}, {}, RUNTIME, "sm90")
+    reason = neighbours.why({"kernel": "m.k", "cache_hash": "c" * 64, "key": "K2", "num_warps": 8, "num_stages": 2})
+    assert (reason.kind, reason.neighbour) == (OTHER_CLASS, "aaaaaaaaaaaa")
+    assert "num_warps (warmed 4, here 8)" in reason.line
+    with_args = WarmedNeighbours({"a" * 64: ENTRY | {"id": "aaaaaaaaaaaa"}}, {}, RUNTIME, "sm90")
+    reason = with_args.why({"kernel": "m.k", "cache_hash": "c" * 64, "key": "K2", "num_warps": 4, "num_stages": 2})
+    assert "differs in x (warmed *bf16 aligned, here -)" in reason.line
