@@ -432,3 +432,19 @@ def test_shipped_tile_data_parses_and_names_bad_fields():
         tiles.parse_tiles({"default": {"wide": dict(good, kernel="tiles"), "narrow": good}}, "tiles.json")
     assert tiles.parse_tiles({"default": {"wide": dict(good, kernel="grid"), "narrow": good}},
                              "tiles.json")["default"]["wide"].kernel == "grid"
+
+
+@pytest.mark.parametrize("splits", [None, 3])  # the launcher's own schedule; three parts over the request
+@pytest.mark.parametrize("layout, v_head_dim, affected", [(GQA, None, [0, 1]), (MLA, 64, [0, 1, 2, 3])])
+def test_a_non_finite_key_makes_its_request_nan_and_no_other(layout, v_head_dim, affected, splits):
+    """A NaN in one key of one split: the request's heads that read it are NaN, as the reference says;
+    the split is not dropped as an empty one (which would give a finite answer from the others)."""
+    q, cache, table, lens = make_inputs(layout, 4, [40, 20], torch.float32, seed=3)
+    layout.keys(cache)[int(table[0, 1]), 5, 0, 7] = float("nan")
+    metadata = schedule_without_overhead(splits, layout.block_size)(lens) if splits else None
+    out = paged_decode_attention(q, cache, table, lens, 0.1, metadata, v_head_dim)
+    expected = paged_decode_attention_reference(q, cache, table, lens, 0.1, layout)
+    assert expected[0, affected].isnan().all() and out[0, affected].isnan().all()
+    fine = [h for h in range(4) if h not in affected]
+    torch.testing.assert_close(out[0, fine], expected[0, fine], atol=TOL[torch.float32], rtol=TOL[torch.float32])
+    torch.testing.assert_close(out[1], expected[1], atol=TOL[torch.float32], rtol=TOL[torch.float32])

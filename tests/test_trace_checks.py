@@ -307,3 +307,41 @@ def test_capture_all_records_a_plain_triton_launch_and_leaves_no_trace_behind(co
     assert list(cap.foreign.values()) == [_plain_kernel]
     assert knobs.runtime.jit_cache_hook is before
     assert not _plain_kernel.device_caches
+
+
+@triton.jit
+def _other_plain_kernel(x_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 3)
+
+
+def _launch_two_packages_kernels(x):
+    _plain_kernel[(1,)](x, 64, BLOCK=32)
+    _other_plain_kernel[(1,)](x, BLOCK=16)
+
+
+def test_every_kernel_reached_is_recorded_and_each_leaves_the_fake_device():
+    x = torch.empty(64, dtype=torch.float32, device="meta")
+    with capture(SM90, all_kernels=True) as cap:
+        _launch_two_packages_kernels(x)
+        assert _plain_kernel.device_caches and _other_plain_kernel.device_caches
+    assert sorted(v.entry_name for v in cap.variants.values()) == ["_other_plain_kernel", "_plain_kernel"]
+    assert sorted(f.fn.__name__ for f in cap.foreign.values()) == ["_other_plain_kernel", "_plain_kernel"]
+    assert not _plain_kernel.device_caches and not _other_plain_kernel.device_caches
+
+
+def test_trace_call_with_all_kernels_sees_what_the_code_launches_itself():
+    x = torch.empty(64, dtype=torch.float32, device="meta")
+    variants = trace_call(SM90, _launch_two_packages_kernels, x, all_kernels=True)
+    assert sorted(v.entry_name for v in variants) == ["_other_plain_kernel", "_plain_kernel"]
+
+
+def test_an_autotuner_another_package_launches_marks_each_of_its_configs_as_skippable():
+    """An autotuner choosing among configs skips one the GPU refuses: such a config is no launch that must work."""
+    x = torch.empty(64, dtype=torch.float32, device="meta")
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1), triton.Config({"BLOCK": 64},
+                                                                                            num_warps=2)],
+                            key=["n"])(_plain_kernel)
+    with capture(SM90, all_kernels=True) as cap:
+        tuned[(1,)](x, 64)
+    assert sorted((v.args["BLOCK"], v.autotuned) for v in cap.variants.values()) == [("=32", True), ("=64", True)]
