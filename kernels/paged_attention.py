@@ -17,6 +17,9 @@ the same tensor, so GQA (packed ``[K | V]`` entries, ``HEADS_PER_KV`` query head
 MLA (one latent kv head; the value is the first ``VALUE_DIM`` dims of the key) are the same code.
 A key wider than a power of two (MLA's 512 + 64) is processed as a main chunk plus a tail chunk so no
 tile is padded to 1024.
+
+A key that is not finite makes the output of the heads that read it NaN, as in the reference (its
+split's NaN log-sum-exp propagates through the combine); a request of length 0 gives zeros.
 """
 
 import torch
