@@ -149,6 +149,13 @@ def test_the_compile_hook_in_force_before_a_trace_is_back_after_it_even_when_the
         assert knobs.runtime.jit_cache_hook is mine
 
 
+def test_a_capture_without_an_import_path_records_none():
+    cap = Capture()
+    with tracing(cap, SM90):
+        _copy(_tensor(), _tensor())
+    assert [v.import_path for v in cap.variants.values()] == [""]
+
+
 def test_trace_call_passes_the_arguments_and_returns_every_variant():
     x = _tensor()
     variants = trace_call(SM90, _copy, x, x, block=128, warps=2)
@@ -160,18 +167,25 @@ def test_trace_call_passes_the_arguments_and_returns_every_variant():
 
 def test_each_scalar_argument_is_named_by_the_class_triton_specialized_it_as():
     x, out = _tensor(dtype=torch.float16), _tensor(dtype=torch.float16, aligned=False)
-    [variant] = trace_call(SM90, _scalars, x, out, 1024, 7, 2**40, 2**63 + 5, 0.5, True, 1, None)
+    [variant] = trace_call(SM90, _scalars, x, out, 1024, 7, 2**40, 2**63 + 16, 0.5, True, 1, None)
     assert variant.args == {
         "x_ptr": "*fp16 aligned", "out_ptr": "*fp16 unaligned", "n": "i32:div16", "count": "i32",
-        "big": "i64:div16", "huge": "u64", "ratio": "fp32", "flag": variant.args["flag"], "unit": "one",
+        "big": "i64:div16", "huge": "u64:div16", "ratio": "fp32", "flag": variant.args["flag"], "unit": "one",
         "nothing": "=None", "MODE": "=plain", "BLOCK": "=1"}
     assert variant.args["flag"] in ("i1", "u1")  # (a bool: Triton's own name for it, which releases change)
 
 
 def test_a_declared_constexpr_of_one_is_its_value_not_the_class_one():
-    [variant] = trace_call(SM90, _scalars, _tensor(), _tensor(), 17, 2**40 + 1, 5, 6, 0.5, False, 1, None, block=1)
+    [variant] = trace_call(SM90, _scalars, _tensor(), _tensor(), 17, 2**40 + 1, 5, 2**63 + 1, 0.5, False, 1, None,
+                           block=1)
     assert variant.args["BLOCK"] == "=1" and variant.args["unit"] == "one"
-    assert (variant.args["count"], variant.args["big"]) == ("i64", "i32")
+    assert (variant.args["n"], variant.args["count"], variant.args["big"], variant.args["huge"]) == (
+        "i32", "i64", "i32", "u64")
+
+
+def test_a_constexpr_passed_wrapped_reads_as_its_value():
+    [variant] = trace_call(SM90, _copy, _tensor(), _tensor(), block=tl.constexpr(64))
+    assert variant.args["BLOCK"] == "=64"
 
 
 def test_a_dtype_named_string_constexpr_is_refused_naming_the_kernel_parameter_and_fix():
@@ -179,7 +193,8 @@ def test_a_dtype_named_string_constexpr_is_refused_naming_the_kernel_parameter_a
         trace_call(SM90, _scalars, _tensor(), _tensor(), 16, 7, 8, 9, 0.5, True, 1, None, mode="fp32")
     said = str(refused.value)
     assert said.startswith(f"{_scalars.name}: constexpr MODE='fp32' names a Triton dtype")
-    assert "preload" in said and "same cache hash" in said and said.endswith("use another string")
+    assert "Triton's preload (which warm-up compiles with) reads it back as that dtype" in said
+    assert said.endswith("a different kernel under the same cache hash: use another string")
 
 
 # ------------------------------------------------------------------ module-level constexprs
@@ -228,6 +243,12 @@ def test_warming_for_another_ptxas_keys_as_it_hashes_not_as_remembered():
         [serving] = trace_call(SM90, _copy, x, x)
     assert serving.cache_hash != plain.cache_hash
     assert trace_call(SM90, _copy, x, x)[0].cache_hash == plain.cache_hash
+
+
+def test_the_traced_hash_is_the_entry_tritons_compile_writes_for_the_launchs_options(compile_call):
+    """Warps and stages other than Triton's defaults: the options enter the hash as compile() parses them."""
+    [(variant, compiled)] = compile_call("sm90", _copy, _tensor(), _tensor(), block=64, warps=8)
+    assert (variant.num_warps, variant.num_stages) == (8, 2) and compiled.hash == variant.cache_hash
 
 
 def test_each_target_gets_its_own_hash():
