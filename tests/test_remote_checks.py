@@ -216,6 +216,7 @@ def test_a_redis_url_gives_the_host_port_database_credentials_and_tls():
     ("redis://cache.internal/0?db=1", "no query or fragment expected"),
     ("redis://cache.internal/0#top", "no query or fragment expected"),
     ("redis://cache.internal/zero", "the database after '/' must be a number, got 'zero'"),
+    ("redis://cache.internal/X", "the database after '/' must be a number, got 'X'"),
 ])
 def test_a_bad_redis_url_names_itself_and_what_is_wrong(url, says):
     with pytest.raises(RemoteCacheError) as refused:
@@ -234,6 +235,8 @@ def test_a_long_database_name_is_cut_in_the_message():
     ("redis://:s3cr3t@cache.internal", "redis://:***@cache.internal"),
     ("redis://s3cr3t@cache.internal", "redis://***@cache.internal"),
     ("redis://alice:s3@cr/3t@cache.internal", "redis://alice:***@cache.internal"),
+    ("redis://alice:s3:cr3t@cache.internal", "redis://alice:***@cache.internal"),
+    ("redis://alice:s3://cr3t@cache.internal", "redis://alice:***@cache.internal"),
     ("redis://cache.internal:6379/0", "redis://cache.internal:6379/0"),
     ("cache.internal:6379", "cache.internal:6379"),
 ])
@@ -390,6 +393,29 @@ def test_a_name_that_is_no_plain_file_name_is_never_asked_for_and_warned_about_o
     [warned] = _warnings(caplog)
     assert warned == ("tritonwarm: shared Triton cache entry ENTRY refused, compiling it locally: "
                       "'../../etc/passwd' is not a plain file name of the entry")
+
+
+def test_a_long_name_entry_or_metadata_name_is_cut_to_eighty_characters_in_a_warning(server, caplog):
+    long_entry, long_name = "E" * 100, "../" + "x" * 100
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert _store().read_files(long_entry, [long_name]) == {}
+    [warned] = _warnings(caplog)
+    assert f" entry {'E' * 80}… (20 more characters) refused, " in warned
+    assert warned.endswith(f": {repr(long_name)[:80]}… (25 more characters) is not a plain file name of the entry")
+    assert names_problem({long_name: ""}, GROUP) == (f"its group names {repr(long_name)[:80]}… (25 more characters), "
+                                                     "which is not a plain file name of the entry")
+    metadata = "k" * 100 + ".json"
+    assert names_problem({"k.cubin": ""}, "__grp__" + metadata) == (
+        f"its group lacks the entry's metadata {metadata[:80]}… (25 more characters)")
+
+
+def test_a_forged_entry_with_a_long_name_is_cut_in_the_warning(server, caplog):
+    _, files = _entry()
+    _store().write_entry("E" * 100, GROUP, files)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert _store(FLEET_KEY).read_entry("E" * 100, GROUP) is None
+    [warned] = _warnings(caplog)
+    assert f" entry {'E' * 80}… (20 more characters) refused, " in warned
 
 
 @pytest.mark.parametrize("name", ["__triton_launcher.cpython-312-x86_64-linux-gnu.so", "cuda_utils.pyd", "x.dll",
@@ -716,6 +742,10 @@ def test_a_file_lookup_is_fetched_and_written_through(server, serving):
     path = RedisCacheManager(entry).get_file("k.cubin")
     assert path == str(serving / entry / "k.cubin") and open(path, "rb").read() == files["k.cubin"]
     assert RedisCacheManager(entry).get_file("k.ptx") is None
+    server.data.clear()
+    server.commands.clear()
+    assert RedisCacheManager(entry).get_file("k.cubin") == path  # local now: Redis is not asked
+    assert server.commands == []
 
 
 def test_what_serving_compiles_is_pushed_as_a_whole_entry_but_host_libraries_are_not(server, serving):
@@ -729,6 +759,7 @@ def test_what_serving_compiles_is_pushed_as_a_whole_entry_but_host_libraries_are
     manager.put_group("k.json", paths)
     assert _store().read_entry(entry, GROUP) == files
     assert not any("launcher.so" in k for k in server.data)
+    assert not any(str(serving).encode() in v for v in server.data.values())  # Triton's own group names local paths
 
 
 def test_a_manager_for_override_or_dump_never_talks_to_the_fleet(server, serving, monkeypatch, tmp_path):
@@ -742,6 +773,16 @@ def test_a_manager_for_override_or_dump_never_talks_to_the_fleet(server, serving
         assert manager.get_group("k.json") is None and manager.get_file("k.json") is None
     RedisCacheManager(entry, dump=True).put(b"bytes", "k.ptx")
     assert server.commands == []
+
+
+def test_a_manager_for_override_or_dump_reads_tritons_own_folder_for_it(server, serving, monkeypatch, tmp_path):
+    entry, _ = _entry()
+    for kind in ("override", "dump"):
+        monkeypatch.setenv(f"TRITON_{kind.upper()}_DIR", str(tmp_path / kind))
+        (tmp_path / kind / entry).mkdir(parents=True)
+        (tmp_path / kind / entry / "k.ptx").write_text(kind)
+        path = RedisCacheManager(entry, **{kind: True}).get_file("k.ptx")
+        assert open(path).read() == kind
 
 
 def test_serving_with_the_server_away_is_local_only_with_one_warning(server, serving, caplog):
@@ -797,7 +838,7 @@ def test_push_sends_what_is_local_and_not_there_yet(server, tmp_path):
     _warm_locally(cache, a)
     files_b = _warm_locally(cache, b)
     store = _store()
-    first = push([a, b, absent], cache, store, "sm90")
+    first = push([absent, a, b], cache, store, "sm90")
     assert (first.pushed, first.present, first.not_local) == ([a.variant_id, b.variant_id], [], [absent.variant_id])
     assert (first.url, first.target, first.planned, first.key_id, first.ok) == (URL, "sm90", 3, None, False)
     assert store.read_entry(b.entry_dir, GROUP) == files_b

@@ -108,7 +108,7 @@ def parse_redis_url(url: str) -> dict:
 def shown_url(url: str) -> str:
     """The URL for messages: everything between ``//`` and the last ``@`` but the user name masked,
     whether or not the URL parses (a password may hold ``/``, ``#`` or ``@``), and escaped."""
-    scheme, sep, rest = url.rpartition("://")
+    scheme, sep, rest = url.partition("://")
     credentials, at, host = rest.rpartition("@")
     if at:
         user, colon, _ = credentials.partition(":")
