@@ -174,9 +174,11 @@ def _scrypt(password: str, salt: bytes, opslimit: int, memlimit: int, path: Path
         log_n += 1
     if opslimit >= memlimit // 32:
         p = min((opslimit // 4) // (1 << log_n), 0x3FFFFFFF) // r
-    if log_n > 24 or p > 16:  # minisign's own keys use N=2^20, p=1; refuse what would take hours
+    # minisign's own keys use N=2^20, p=1 (1 GiB); refuse what would take hours, or need 2 GiB, which
+    # Python's scrypt cannot be given
+    if log_n > 20 or p > 16:
         raise SignatureError(f"{path}: the secret key's scrypt limits (N=2^{log_n}, p={p}) are beyond minisign's")
-    memory = min(128 * r * ((1 << log_n) + p + 2) + (64 << 20), 2**31 - 1)  # Python caps maxmem below 2 GiB
+    memory = 128 * r * ((1 << log_n) + p + 2) + (64 << 20)  # at most 1 GiB and 64 MiB
     return hashlib.scrypt(password.encode(), salt=salt, n=1 << log_n, r=r, p=p, maxmem=memory, dklen=104)
 
 
