@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", metavar="MODULE", help=f"of {', '.join(MODULES)} (default: all)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tritonwarm-mutation",
                         help="where the copies and results live (kept: a rerun tests only what changed)")
-    parser.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="mutants tested at once (default: one per CPU core)")
     parser.add_argument("--again", action="store_true",
                         help="test the survivors of the last run in WORK again (after tests were added)")
     args = parser.parse_args(argv)
