@@ -578,7 +578,8 @@ def test_an_entry_pushed_without_the_key_is_forged_for_a_reader_with_it_and_warn
         assert keyed.read_files(other, ["k.cubin"]) == {}
     [warned] = _warnings(caplog)
     assert warned.startswith(f"tritonwarm: shared Triton cache entry {entry} refused, compiling it locally: ")
-    assert "not signed with the fleet key" in warned and "refused without another warning" in warned
+    assert "not signed with the fleet key" in warned
+    assert warned.endswith("(entries that do not verify with the fleet key are refused without another warning)")
 
 
 def test_a_file_repointed_at_other_bytes_does_not_verify(server, caplog):
@@ -590,7 +591,7 @@ def test_a_file_repointed_at_other_bytes_does_not_verify(server, caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert store.read_files(entry, ["k.cubin", "k.json"]) == {"k.json": files["k.json"]}
     [warned] = _warnings(caplog)
-    assert "k.cubin: its MAC does not verify with the fleet key" in warned
+    assert f"entry {entry} refused" in warned and "k.cubin: its MAC does not verify with the fleet key" in warned
 
 
 def test_a_group_rewritten_without_the_key_is_forged(server):
@@ -762,6 +763,21 @@ def test_what_serving_compiles_is_pushed_as_a_whole_entry_but_host_libraries_are
     assert not any(str(serving).encode() in v for v in server.data.values())  # Triton's own group names local paths
 
 
+def test_what_a_serving_process_with_the_fleet_key_pushes_verifies(server, serving, monkeypatch):
+    monkeypatch.setenv("TRITONWARM_REDIS_KEY", FLEET_KEY)
+    entry, files = _entry()
+    manager = RedisCacheManager(entry)
+    manager.put_group("k.json", {name: manager.put(data, name) for name, data in files.items()})
+    assert _store(FLEET_KEY).read_entry(entry, GROUP) == files
+    assert _store(OTHER_KEY).entry_state(entry, GROUP)[0] == "forged"
+    other, other_files = _entry(b"other")
+    backend = RedisBackend(other)
+    for name, data in other_files.items():
+        backend.put(name, data)
+    backend.put(GROUP, _triton_group(other_files))
+    assert _store(FLEET_KEY).read_entry(other, GROUP) == other_files
+
+
 def test_a_manager_for_override_or_dump_never_talks_to_the_fleet(server, serving, monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_DUMP_DIR", str(tmp_path / "dump"))
     monkeypatch.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))
@@ -880,6 +896,7 @@ def test_check_remote_counts_each_variant_by_what_redis_holds(server, tmp_path):
     store.write_entry(repointed.entry_dir, GROUP, _warm_locally(tmp_path / "other", present))
 
     report = check_remote([present, missing, corrupt, repointed], store, "sm90")
+    assert (report.url, report.target) == (URL, "sm90")
     assert (report.planned, report.present, report.forged, report.ok) == (4, [present.variant_id], [], False)
     assert report.missing == [{"id": missing.variant_id, "kernel": "pkg.kernels.k", "args": missing.args}]
     assert report.corrupt[0] == {"id": corrupt.variant_id, "kernel": "pkg.kernels.k", "args": corrupt.args}
@@ -982,6 +999,10 @@ def test_the_backend_refuses_a_group_naming_a_path_or_another_keys_files(server,
         assert backend.get(["k.cubin", "k.json"]) == {}
     warned = _warnings(caplog)
     assert len(warned) == 2 and "'../escaped', which is not a plain file name" in warned[0]
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert RedisBackend("FRESH").get(["k.json", "sub/k.cubin"]) == {}
+    assert _warnings(caplog)[-1] == ("tritonwarm: shared Triton cache entry FRESH refused, compiling it locally: "
+                                     "a group names a file that is not a plain file name of the entry")
     assert f"entry {other} refused" in warned[1] and "another kernel's files" in warned[1]
 
 
@@ -993,7 +1014,7 @@ def test_the_backend_refuses_a_group_that_does_not_verify_with_the_fleet_key(ser
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert RedisBackend(entry).get([GROUP]) == {}
     [warned] = _warnings(caplog)
-    assert "not signed with the fleet key" in warned
+    assert f"entry {entry} refused" in warned and "not signed with the fleet key" in warned
     signed, signed_files = _entry(b"signed")
     _store(FLEET_KEY).write_entry(signed, GROUP, signed_files)
     backend = RedisBackend(signed)
@@ -1054,6 +1075,7 @@ def test_the_backend_pushes_files_then_a_group_of_what_it_pushed(server, backend
     backend = RedisBackend(entry)
     for name, data in files.items():
         backend.put(name, data)
+    assert _store().read_files(entry, ["k.cubin"]) == {"k.cubin": files["k.cubin"]}  # each file under its name
     backend.put("launcher.so", b"\x7fELF launcher")
     assert not any("launcher.so" in k for k in server.data)
     backend.put(GROUP, json.dumps({"child_paths": ["k.cubin", "k.json", "unknown.ptx"]}).encode())

@@ -357,6 +357,15 @@ def test_trace_call_with_all_kernels_sees_what_the_code_launches_itself():
     assert sorted(v.entry_name for v in variants) == ["_other_plain_kernel", "_plain_kernel"]
 
 
+def test_only_capture_all_answers_host_codes_device_questions_as_the_target():
+    """A launcher's own ``torch.version.hip`` check sees this machine unless the trace reaches every kernel."""
+    seen = []
+    real = torch.version.hip
+    trace_call(TARGETS["gfx942"], lambda: seen.append(torch.version.hip))
+    trace_call(TARGETS["gfx942"], lambda: seen.append(torch.version.hip), all_kernels=True)
+    assert seen[0] == real and seen[1] is not None and torch.version.hip == real
+
+
 def test_an_autotuner_another_package_launches_marks_each_of_its_configs_as_skippable():
     """An autotuner choosing among configs skips one the GPU refuses: such a config is no launch that must work."""
     x = torch.empty(64, dtype=torch.float32, device="meta")
