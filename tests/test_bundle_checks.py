@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -313,6 +314,17 @@ def test_create_names_this_runtime_when_the_entries_span_environments(tmp_path, 
     assert header["environments"][TARGET] == {FP_ID: WARMED_FP, env.fingerprint_id(other_fp): other_fp}
 
 
+def test_create_names_the_one_environment_two_targets_recorded_in_any_order(tmp_path, runtime):
+    """One environment, recorded by two targets' manifests with its fields in another order, is one."""
+    cuda, rocm = _variant(1), _variant(2, target="gfx942")
+    _warm(tmp_path / "c", [cuda])
+    _warm(tmp_path / "c", [rocm], fp=dict(reversed(list(WARMED_FP.items()))), target="gfx942")
+    runtime["python"] = {"version": "3.11.0"}
+    out = tmp_path / "b.tar.gz"
+    create(out, tmp_path / "c", {TARGET: [cuda], "gfx942": [rocm]})
+    assert read_header(out)["fingerprint"] == WARMED_FP
+
+
 def test_create_carries_only_the_environments_its_entries_name(tmp_path, runtime):
     other_fp = {**WARMED_FP, "env": {"TRITON_DEFAULT_FP_FUSION": "0"}}
     one, two = _variant(1), _variant(2)
@@ -352,6 +364,46 @@ def test_a_failed_write_leaves_no_file(tmp_path, warmed):
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_create_writes_into_a_new_folder_beside_nothing_else(tmp_path, warmed, monkeypatch):
+    """The bundle is written whole next to where it goes (not in the temporary folder), then moved in."""
+    cache_dir, variants = warmed
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-temporary-folder"))
+    out = tmp_path / "dist" / "v1" / "b.tar.gz"
+    create(out, cache_dir, {TARGET: variants})
+    assert [p.name for p in out.parent.iterdir()] == ["b.tar.gz"] and verify(out).entries == 2
+
+
+def test_a_bundle_being_written_is_a_hidden_temporary_file_beside_it(tmp_path, warmed):
+    """Until it is complete, nothing is at the bundle's name: a reader never sees half a bundle."""
+    cache_dir, variants = warmed
+    header = bundle_mod.collect(cache_dir, {TARGET: variants})
+    out = tmp_path / "dist" / "b.tar.gz"
+    seen = []
+
+    def source(entry_dir, name):
+        seen.append(sorted(p.name for p in out.parent.iterdir()))
+        return cache_dir / entry_dir / name
+
+    write(out, header, source)
+    assert len(seen) == 8 and all(len(names) == 1 for names in seen) and len({n[0] for n in seen}) == 1
+    [temporary] = seen[0]
+    assert temporary.startswith(".b.tar.gz.") and temporary.endswith(".tmp") and len(temporary) > len(".b.tar.gz..tmp")
+    assert [p.name for p in out.parent.iterdir()] == ["b.tar.gz"]
+
+
+def test_a_failed_write_whose_temporary_file_is_gone_reports_its_own_error(tmp_path, warmed):
+    cache_dir, variants = warmed
+    header = bundle_mod.collect(cache_dir, {TARGET: variants})
+
+    def source(entry_dir, name):
+        for p in tmp_path.glob(".b.tar.gz.*"):
+            p.unlink()
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        write(tmp_path / "b.tar.gz", header, source)
+
+
 def test_a_written_bundle_is_readable_by_everyone_the_umask_allows(tmp_path, warmed):
     cache_dir, variants = warmed
     old = os.umask(0o022)
@@ -372,6 +424,18 @@ def test_create_refuses_a_bundle_over_two_caps_with_the_shard_count_of_the_large
     message = str(raised.value)
     assert "10 entries, over the 8 that" in message  # the first cap it is over is named
     assert "make 7 bundles" in message and "--shard I/7` (I = 1..7)" in message  # 20 files * 5 / (4 * 4)
+
+
+def test_create_counts_both_kinds_of_bracket_against_the_readers_cap(tmp_path, monkeypatch):
+    rows = {f"{i:064x}": {"entry_dir": f"E{i}", "entry_name": "k", "files": {"k.json": "0" * 64}, "rows": ["a", "b"]}
+            for i in range(2)}
+    header = {"format": 1, "targets": {TARGET: rows}}
+    data = json.dumps(bundle_mod._canonical(header), indent=1).encode()
+    braces, brackets = data.count(b"{"), data.count(b"[")
+    assert brackets == 2
+    monkeypatch.setattr(bundle_mod, "Limits", lambda: Limits(header_containers=braces + 1))
+    with pytest.raises(BundleError, match=f": {braces + 2} brackets in {HEADER_NAME}, over the {braces + 1} that"):
+        write(tmp_path / "b.tar.gz", header, lambda *a: pytest.fail("read"))
 
 
 def test_a_header_whose_row_is_no_table_counts_no_files(tmp_path, monkeypatch):
@@ -413,7 +477,7 @@ def test_verify_works_with_an_env_module_without_target_filtering(bundled, monke
     """An ``env.differences`` that takes no ``targets`` (an older one) is called without it."""
     calls = []
     monkeypatch.setattr(env, "differences", lambda warmed, here: calls.append((warmed, here)) or ["x differs"])
-    assert verify(bundled[0]).differences == ["x differs"] and calls[0][0] == WARMED_FP
+    assert verify(bundled[0]).differences == ["x differs"] and calls == [(WARMED_FP, WARMED_FP)]
 
 
 def test_read_header_reads_no_file(bundled, tmp_path):
@@ -490,6 +554,8 @@ def test_an_image_layer_is_named_as_the_caller_says(tmp_path):
 
 def test_an_empty_archive_has_no_header(tmp_path):
     path = _tar(tmp_path / "empty.tar.gz", [])
+    with pytest.raises(BundleError, match=f"^{path}: the first member is missing"):
+        read_header(path)
     assert str(pytest.raises(BundleError, verify, path).value) == \
         f"{path}: the first member is missing, not {HEADER_NAME}: not a tritonwarm bundle"
 
@@ -777,6 +843,13 @@ def test_a_member_name_from_the_archive_is_escaped_and_cut(bundled, tmp_path):
     assert "\x1b" not in message and "\\x1b" in message and len(message) < 400
 
 
+def test_a_long_member_name_is_quoted_to_120_characters(bundled, tmp_path):
+    name = "/" + "n" * 300
+    out = _rewrite(bundled[0], tmp_path / "m.tar.gz", change_members=lambda m: m + [(name, b"x")])
+    quoted = repr(name)
+    _refused(out, f"member {quoted[:120]}… ({len(quoted) - 120} more characters) is an absolute path")
+
+
 @pytest.mark.parametrize("kind, words", [(tarfile.SYMTYPE, "is a symbolic link, not a regular file; refused"),
                                          (tarfile.DIRTYPE, "is a directory, not a regular file; refused")])
 def test_a_member_that_is_no_regular_file_is_refused(bundled, tmp_path, kind, words):
@@ -966,6 +1039,18 @@ def test_install_sets_a_damaged_manifest_aside_and_rebuilds_it(bundled, tmp_path
     assert install(path, dest, compare_environment=False).set_aside == []
 
 
+def test_install_stages_in_a_folder_named_after_this_host_and_process(bundled, tmp_path, monkeypatch):
+    """What a later install recognises as a killed install's leftovers, by host and process id."""
+    state = tmp_path / "dest" / "tritonwarm"
+    seen = set()
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: seen.update(p.name for p in state.glob(".install-*")) or real(fd))
+    install(bundled[0], tmp_path / "dest", compare_environment=False)
+    [staging] = seen
+    assert staging.startswith(f".install-{socket.gethostname()}-{os.getpid()}-")
+    assert not list(state.glob(".install-*"))
+
+
 def test_install_removes_the_staging_of_a_killed_install_only(bundled, tmp_path):
     """A staging folder of an install on this host whose process is gone is removed; a running one's,
     another host's, or one whose name does not parse, is left."""
@@ -1109,7 +1194,7 @@ def test_merge_of_shards_equals_one_bundle_of_all(tmp_path, runtime):
     whole = _shard(tmp_path, "whole", variants)
     shards = [_shard(tmp_path, "a", variants[:1]), _shard(tmp_path, "b", variants[1:3]),
               _shard(tmp_path, "c", variants[3:])]
-    out = tmp_path / "out" / "merged.tar.gz"
+    out = tmp_path / "out" / "dist" / "merged.tar.gz"
     report = merge(out, shards)
     assert out.read_bytes() == whole.read_bytes()
     assert (report.entries, report.files, report.targets) == (4, 16, {TARGET: 4})
@@ -1117,21 +1202,34 @@ def test_merge_of_shards_equals_one_bundle_of_all(tmp_path, runtime):
     assert [p.name for p in out.parent.iterdir()] == ["merged.tar.gz"]  # no temporary folder left
 
 
+def _shard_of_rows(tmp_path, name, variant, **row):
+    """The bundle of one entry whose manifest row holds ``row``'s fields."""
+    cache_dir = tmp_path / f"cache-{name}"
+    recorded = {**_row(variant, _entry(cache_dir, variant)), **row}
+    Manifest(cache_dir, TARGET).update({variant.cache_hash: recorded}, environments={FP_ID: WARMED_FP})
+    out = tmp_path / f"{name}.tar.gz"
+    create(out, cache_dir, {TARGET: [variant]})
+    return out
+
+
 def test_merge_joins_the_rows_of_an_entry_in_two_shards(tmp_path, runtime):
+    """An entry two shards both warmed lists the spec rows of both; its compile time is the one a
+    shard recorded (a shard that found it cached recorded none)."""
     variant = _variant(1)
-    a = _shard(tmp_path, "a", [variant])
-    b_cache = tmp_path / "cache-b"
-    _warm(b_cache, [variant])
-    rows = Manifest(b_cache, TARGET).read()
-    rows[variant.cache_hash].update(rows=["row9", "row1"], compile_seconds=None)
-    Manifest(b_cache, TARGET).update(rows)
-    b = tmp_path / "b.tar.gz"
-    create(b, b_cache, {TARGET: [variant]})
-    assert read_header(b)["targets"][TARGET][variant.cache_hash]["rows"] == ["row1", "row9"]
-    row = read_header(merge(tmp_path / "m.tar.gz", [b, a]).path)["targets"][TARGET][variant.cache_hash]
-    assert row["rows"] == ["row1", "row9"] and row["compile_seconds"] == 1.5  # the time the other shard recorded
-    row = read_header(merge(tmp_path / "n.tar.gz", [a, b]).path)["targets"][TARGET][variant.cache_hash]
-    assert row["compile_seconds"] == 1.5
+    a = _shard_of_rows(tmp_path, "a", variant, rows=["row5", "row1"], compile_seconds=None)
+    b = _shard_of_rows(tmp_path, "b", variant, rows=["row9", "row1"], compile_seconds=2.5)
+    c = _shard_of_rows(tmp_path, "c", variant, rows=["row0"], compile_seconds=None)
+    for order, seconds in (([a, b], 2.5), ([b, a], 2.5), ([a, c], None)):
+        row = read_header(merge(tmp_path / "m.tar.gz", order).path)["targets"][TARGET][variant.cache_hash]
+        assert row["compile_seconds"] == seconds, order
+    row = read_header(merge(tmp_path / "m.tar.gz", [a, b, c]).path)["targets"][TARGET][variant.cache_hash]
+    assert row["rows"] == ["row0", "row1", "row5", "row9"] and row["compile_seconds"] == 2.5
+    assert {k: v for k, v in row.items() if k not in ("rows", "compile_seconds")} == {
+        k: v for k, v in read_header(a)["targets"][TARGET][variant.cache_hash].items()
+        if k not in ("rows", "compile_seconds")}
+    d = _shard_of_rows(tmp_path, "d", variant, compile_seconds=3.0)
+    row = read_header(merge(tmp_path / "m.tar.gz", [d, b]).path)["targets"][TARGET][variant.cache_hash]
+    assert row["compile_seconds"] == 3.0  # the first one recorded
 
 
 def test_merge_refuses_an_entry_with_other_contents(tmp_path, runtime):
@@ -1163,13 +1261,15 @@ def test_merge_refuses_another_environment_naming_the_difference(tmp_path, runti
                                         "warmed with it unset, this runtime has '0'")
 
 
-def test_merge_names_the_differing_fields_when_no_line_says_more(tmp_path, runtime, monkeypatch):
+def test_merge_names_the_differing_fields_when_no_line_says_more(tmp_path, runtime):
+    """Fingerprints whose key material differs in a way no difference line describes: each part that
+    differs is named, a part only one of them has too."""
     a = _shard(tmp_path, "a", [_variant(1)])
-    other_fp = {**WARMED_FP, "triton": {**WARMED_FP["triton"], "key_sha256": "2" * 64}}
+    other_fp = {**WARMED_FP, "triton": {**WARMED_FP["triton"], "key_sha256": "2" * 64}, "build": {"cc": "gcc"}}
     b = _shard(tmp_path, "b", [_variant(2)], fp=other_fp)
     with pytest.raises(BundleError) as raised:
         merge(tmp_path / "m.tar.gz", [a, b])
-    assert str(raised.value) == f"{b}: warmed in another environment than {a}: triton differs"
+    assert str(raised.value) == f"{b}: warmed in another environment than {a}: build differs; triton differs"
 
 
 def test_merge_accepts_the_same_environment_written_otherwise(tmp_path, runtime):
@@ -1209,5 +1309,13 @@ def test_merge_keeps_each_targets_environments(tmp_path, runtime):
 
 
 def test_merge_of_nothing_is_refused(tmp_path):
-    with pytest.raises(BundleError, match="merge: no bundles given"):
+    with pytest.raises(BundleError) as raised:
         merge(tmp_path / "m.tar.gz", [])
+    assert str(raised.value) == "merge: no bundles given"
+
+
+def test_merge_works_beside_its_output_not_in_the_temporary_folder(tmp_path, runtime, monkeypatch):
+    """The shards are unpacked next to the merged bundle (the system's temporary folder may be small)."""
+    shards = [_shard(tmp_path, "a", [_variant(1)]), _shard(tmp_path, "b", [_variant(2)])]
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-temporary-folder"))
+    assert merge(tmp_path / "m.tar.gz", shards).entries == 2
