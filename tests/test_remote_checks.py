@@ -472,9 +472,10 @@ def test_a_missing_child_is_missing_and_a_damaged_one_corrupt_both_without_a_war
     b'{"children": {}}',
     b'{"child_paths": ["k.json"]}',
     json.dumps({"child_paths": {"k.json": "A" * 64}}).encode(),
+    json.dumps({"child_paths": {"k.json": "X" * 64}}).encode(),
     json.dumps({"child_paths": {"k.json": "a" * 63}}).encode(),
     json.dumps({"child_paths": {"k.json": 7}}).encode(),
-], ids=["not-json", "a-list", "no-child-paths", "names-only", "upper-case-hash", "short-hash", "number"])
+], ids=["not-json", "a-list", "no-child-paths", "names-only", "upper-case-hash", "not-hex", "short-hash", "number"])
 def test_a_group_that_does_not_name_children_by_sha256_is_corrupt(server, group):
     entry, _ = _entry()
     server.data[server.key_of("file", entry, GROUP)] = server.plant(group).encode()
