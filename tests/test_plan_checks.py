@@ -265,6 +265,15 @@ def test_the_split_of_a_plain_class_skips_multiples_of_16(tmp_path, user_code):
     assert "n: {range: [1, 1008], collapse: true} and {range: [1009, 4096], collapse: true}" in error
 
 
+def test_a_split_probed_beside_a_multiple_of_16_is_exact(tmp_path, user_code):
+    """Bisecting a plain class steps over the multiples of 16 (another class) to the value beside them."""
+    _, name = user_code(rule="256 if n >= 17 and n % 16 else 128")
+    _, [error] = _collapse_errors(tmp_path, name, rng="[2, 18]")
+    assert "n=18 launches other variants than n=2" in error
+    assert "the variants change between n=15 and n=17" in error
+    assert error.endswith("n: {range: [2, 16], collapse: true} and {range: [17, 18], collapse: true}")
+
+
 def test_a_change_at_the_bottom_of_the_range_is_found(tmp_path, user_code):
     _, name = user_code(rule="256 if n % 16 and n > 3 else 128")
     _, [error] = _collapse_errors(tmp_path, name, rng="[2, 300]")
@@ -558,7 +567,7 @@ def test_a_stored_plan_whose_environment_names_a_non_string_is_traced_again(tmp_
     store = PlanStore(cache)
     [stored] = store.dir.glob("*.json")
     data, kernels = store.load(stored.stem)
-    assert planning.stored_plan(store, stored.stem, SM90) is not None
+    assert planning.stored_plan(store, stored.stem, SM90).target is SM90
     store.save(stored.stem, [data], kernels)  # not a mapping at all
     assert planning.stored_plan(store, stored.stem, SM90) is None
     assert planning.stored_plan(store, "0" * 32, SM90) is None  # nothing stored under that key
