@@ -86,6 +86,17 @@ def test_a_full_disk_is_told_apart_from_other_errors():
 # --- processes and Triton's leftover temporaries ---------------------------------------------------------------------
 
 
+@pytest.fixture
+def live_pid():
+    """A running process of this user (not this one): probing it must leave it running."""
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child
+    child.kill()
+    child.wait()
+
+
 def test_a_process_of_another_user_counts_as_running(monkeypatch):
     def refused(pid, sig):
         raise PermissionError(errno.EPERM, "Operation not permitted")
@@ -94,12 +105,12 @@ def test_a_process_of_another_user_counts_as_running(monkeypatch):
     assert layout._running(12345)
 
 
-def test_running_asks_without_a_signal(monkeypatch):
-    sent = []
-    monkeypatch.setattr(layout.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-    assert layout._running(12345)
-    assert sent == [(12345, 0)]
-    assert layout._running(os.getpid())
+def test_running_asks_without_a_signal(live_pid):
+    import subprocess
+
+    assert layout._running(live_pid.pid)
+    with pytest.raises(subprocess.TimeoutExpired):  # still running: no signal was delivered
+        live_pid.wait(timeout=0.3)
 
 
 def test_a_finished_process_is_not_running():
@@ -124,9 +135,9 @@ def test_an_old_temporary_of_a_finished_process_is_removed_and_counted(tmp_path)
     assert (tmp_path / "ENTRY" / "kernel.json").exists()
 
 
-def test_a_recent_temporary_or_one_of_a_running_process_is_kept(tmp_path):
+def test_a_recent_temporary_or_one_of_a_running_process_is_kept(tmp_path, live_pid):
     recent = _temporary(tmp_path, f"tmp.pid_{NO_SUCH_PID}_abc", age_s=30)
-    running = _temporary(tmp_path, f"tmp.pid_{os.getpid()}_def", age_s=3600)
+    running = _temporary(tmp_path, f"tmp.pid_{live_pid.pid}_def", age_s=3600)
     assert remove_stale_temporaries(tmp_path) == 0
     assert recent.exists() and running.exists()
     assert remove_stale_temporaries(tmp_path, min_age_s=10) == 1  # the age is the caller's to choose
@@ -150,9 +161,9 @@ def test_a_temporary_whose_name_holds_no_pid_is_left_alone(tmp_path):
     assert odd.exists()
 
 
-def test_one_sweep_removes_every_leftover_whatever_else_it_finds(tmp_path):
+def test_one_sweep_removes_every_leftover_whatever_else_it_finds(tmp_path, live_pid):
     kept = [_temporary(tmp_path, f"tmp.pid_{NO_SUCH_PID}_{i}", 5, f"r{i}") for i in range(4)]
-    kept += [_temporary(tmp_path, f"tmp.pid_{os.getpid()}_{i}", 3600, f"p{i}") for i in range(4)]
+    kept += [_temporary(tmp_path, f"tmp.pid_{live_pid.pid}_{i}", 3600, f"p{i}") for i in range(4)]
     kept += [_temporary(tmp_path, f"tmp.pid_x{i}_{i}", 3600, f"n{i}") for i in range(4)]
     gone = [_temporary(tmp_path, f"tmp.pid_{NO_SUCH_PID}_{i}", 3600, f"g{i}") for i in range(3)]
     assert remove_stale_temporaries(tmp_path) == 3
