@@ -260,6 +260,13 @@ def test_create_refuses_a_variant_not_warmed_and_names_it(tmp_path, warmed):
     assert not (tmp_path / "x.tar.gz").exists()
 
 
+def test_create_names_a_kernel_without_a_module_as_it_is(tmp_path, warmed):
+    cold = _variant(3)
+    cold.kernel = "my_kernel"
+    with pytest.raises(BundleError, match=rf"^{TARGET} {cold.variant_id} \(my_kernel\): not warmed in"):
+        create(tmp_path / "x.tar.gz", warmed[0], {TARGET: [cold]})
+
+
 def test_create_refuses_an_entry_on_disk_the_manifest_does_not_record(tmp_path, runtime):
     recorded, unrecorded = _variant(1), _variant(2)
     _warm(tmp_path / "c", [recorded])
@@ -1052,20 +1059,26 @@ def test_install_stages_in_a_folder_named_after_this_host_and_process(bundled, t
 
 
 def test_install_removes_the_staging_of_a_killed_install_only(bundled, tmp_path):
-    """A staging folder of an install on this host whose process is gone is removed; a running one's,
-    another host's, or one whose name does not parse, is left."""
+    """A staging folder of an install on this host whose process is gone is removed; a running one's
+    (left untouched, process and folder), another host's, or one whose name does not parse, is left."""
     dest = tmp_path / "dest"
     state = dest / "tritonwarm"
     state.mkdir(parents=True)
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    folders = {"dead": state / f".install-{host}-{dead.pid}-abc", "alive": state / f".install-{host}-{os.getpid()}-x",
-               "other host": state / f".install-{host}x-{dead.pid}-abc", "odd": state / f".install-{host}-pid-x"}
-    for folder in folders.values():
-        (folder / "E").mkdir(parents=True)
-    install(bundled[0], dest, compare_environment=False)
-    assert {what for what, folder in folders.items() if folder.exists()} == {"alive", "other host", "odd"}
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        folders = {"dead": state / f".install-{host}-{dead.pid}-abc", "alive": state / f".install-{host}-{alive.pid}-x",
+                   "other host": state / f".install-{host}x-{dead.pid}-abc", "odd": state / f".install-{host}-pid-x"}
+        for folder in folders.values():
+            (folder / "E").mkdir(parents=True)
+        install(bundled[0], dest, compare_environment=False)
+        assert {what for what, folder in folders.items() if folder.exists()} == {"alive", "other host", "odd"}
+        assert alive.poll() is None  # only asked whether it runs
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_install_for_a_mount_path_counts_an_entry_named_there_as_intact(bundled, tmp_path):
