@@ -790,6 +790,17 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_removes_its_temporary(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]
 
 
+def test_an_atomic_write_keeps_its_temporary_beside_the_file(tmp_path, monkeypatch):
+    """Renamed into place, the temporary must be on the file's own filesystem: the system's temporary
+    folder (here one that does not exist) plays no part."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))
+    (tmp_path / "state").mkdir()
+    write_json_atomic(tmp_path / "state" / "a.json", {"a": 1})
+    assert json.loads((tmp_path / "state" / "a.json").read_text()) == {"a": 1}
+
+
 def test_an_atomic_write_is_fsynced_only_when_durable(tmp_path, monkeypatch):
     synced = []
     real = os.fsync
