@@ -185,6 +185,7 @@ SCRYPT_LIMITS = [
     pytest.param(32768, (1 << 20) + 1, 10, 1, id="memlimit-not-a-multiple-of-32"),
     pytest.param(1 << 16, 1 << 20, 10, 2, id="N-from-memlimit-p-from-opslimit"),
     pytest.param(1 << 19, 1 << 20, 10, 16, id="p-16"),
+    pytest.param(1 << 20, 1 << 26, 15, 1, id="32-MiB-past-OpenSSLs-default"),
 ]
 
 
@@ -282,6 +283,14 @@ def test_a_signature_of_another_algorithm_or_a_short_comment_signature_is_refuse
     assert message == "w.minisig: signature algorithm b'RS' is not minisign's Ed25519"
     message = refusal(signing.parse_signature, signature_text(global_len=63), "w.minisig")
     assert message == "w.minisig: comment signature: 63 bytes where minisign writes 64"
+
+
+def test_a_signature_line_with_excess_padding_is_not_base64():
+    """Base64 is read strictly: a 74-byte signature ends in one ``=``, two are refused."""
+    lines = signature_text().splitlines()
+    assert lines[1].endswith("=") and not lines[1].endswith("==")
+    text = "\n".join([lines[0], lines[1] + "=", *lines[2:]])
+    assert refusal(signing.parse_signature, text, "w.minisig") == "w.minisig: signature: not base64"
 
 
 def test_an_unreadable_signature_file_is_named(tmp_path):
@@ -414,6 +423,8 @@ def test_a_claim_against_the_signed_name_and_targets():
         "w: signed for no target, not for sm90 that was asked for (--target)")
     assert refusal(signing.check_claim, empty, ["sm90"], Claim(), "w") == (
         "w: the bundle's targets (sm90) are not the ones that were signed (none)")
+    assert refusal(signing.check_claim, fields, ["sm90", "sm100", "gfx942"], Claim(), "w") == (
+        "w: the bundle's targets (gfx942, sm100, sm90) are not the ones that were signed (sm100, sm90)")
 
 
 def test_a_long_signed_or_asked_name_is_shown_cut_to_100_characters():
@@ -522,6 +533,8 @@ def test_the_record_is_synced_to_disk_unless_asked_not_to(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "fsync", synced.append)
     signing.record_install(tmp_path, {"name": "a", "timestamp": "200"})
     assert len(synced) == 1
+    signing.record_install(tmp_path, {"name": "a", "timestamp": "200"})  # the same again: nothing to write
+    assert len(synced) == 1
     signing.record_install(tmp_path, {"name": "a", "timestamp": "300"}, durable=False)
     assert len(synced) == 1 and json.loads(_record(tmp_path).read_text()) == {"a": 300}
 
@@ -530,6 +543,7 @@ def test_the_record_is_synced_to_disk_unless_asked_not_to(tmp_path, monkeypatch)
     (b"{not json", "is unreadable or damaged ("),
     (b"[1, 2]", "is damaged (not a table)"),
     (b'{"a": "' + b"x" * (1 << 20) + b'"}', "is unreadable or damaged ("),  # past 1 MiB: not read whole
+    (('{"a": "' + "\u00e9" * 600_000 + '"}').encode(), "is unreadable or damaged ("),  # 1.2 MB in 0.6 M letters
 ])
 def test_a_damaged_record_is_refused_with_how_to_start_again(tmp_path, content, says):
     _record(tmp_path).parent.mkdir()
