@@ -541,6 +541,19 @@ def test_the_capped_reader_refuses_to_go_past_its_limit():
     assert bundle_mod._Capped(io.BytesIO(b"0123"), 4, "x").read(None) == b"0123"
     with pytest.raises(BundleError):
         bundle_mod._Capped(io.BytesIO(b"01234"), 4, "x").read(-1)
+    assert bundle_mod._Capped(io.BytesIO(b"0123"), 4, "x").read(0) == b""
+
+
+@pytest.mark.parametrize("size", [-1, 3, 5, 6, 100])
+def test_the_capped_reader_reads_at_most_one_byte_past_its_limit(size):
+    """What bounds a decompression bomb's cost: past the cap, one byte more is read, never the rest."""
+    inner = io.BytesIO(b"x" * 1000)
+    reader = bundle_mod._Capped(inner, 4, "x")
+    reader.read(3)
+    with pytest.raises(BundleError):
+        while reader.read(size):
+            pass
+    assert inner.tell() == 5
 
 
 def test_not_a_gzip_names_the_archive_and_the_error(tmp_path):
@@ -624,6 +637,18 @@ def test_a_malformed_header_is_refused_naming_the_field(bundled, tmp_path, chang
     out = _rewrite(bundled[0], tmp_path / "bad.tar.gz", change)
     message = _refused(out, f"{out}: {HEADER_NAME}: {words}")
     assert message.count("\n") == 0
+
+
+def test_a_long_field_name_is_cut_to_120_characters(bundled, tmp_path):
+    name = "t" * 200
+    out = _rewrite(bundled[0], tmp_path / "t.tar.gz", lambda h: {**h, "targets": {name: {}}})
+    where = f"targets.{name!r}"
+    _refused(out, f"{HEADER_NAME}: {where[:120]}… ({len(where) - 120} more characters): not a target name")
+
+
+def test_a_row_without_files_is_refused(bundled, tmp_path):
+    out = _rewrite(bundled[0], tmp_path / "bad.tar.gz", lambda h: _only_row(h).pop("files") and None)
+    _refused(out, ".files: missing")
 
 
 def test_a_target_name_of_64_characters_is_one(bundled, tmp_path):
@@ -774,14 +799,33 @@ def test_a_group_or_metadata_over_its_cap_is_refused(bundled):
     assert "__grp__" in message if group > metadata else "kernel.json" in message
 
 
-def test_a_large_binary_is_not_held_to_the_json_cap(bundled):
-    """The cubin is only hashed: the cap on parsed files does not apply to it."""
-    path = bundled[0]
-    members = {info.name: data for info, data in _members(path)}
-    cubin = max(len(d) for n, d in members.items() if n.endswith(".cubin"))
-    json_sizes = [len(d) for n, d in members.items() if n.endswith(".json") and n != HEADER_NAME]
-    assert cubin > max(json_sizes) - 10 or True
-    assert verify(path, Limits(json_file_bytes=max(json_sizes))).entries == 2
+def _with_big_cubin(tmp_path, size: int) -> Path:
+    variant = _variant(1)
+    _warm(tmp_path / "c", [variant])
+    cubin = tmp_path / "c" / variant.entry_dir / "rms_norm_kernel.cubin"
+    cubin.write_bytes(b"c" * size)
+    rows = Manifest(tmp_path / "c", TARGET).read()
+    rows[variant.cache_hash]["files"]["rms_norm_kernel.cubin"] = _sha(cubin.read_bytes())
+    Manifest(tmp_path / "c", TARGET).update(rows)
+    out = tmp_path / "big.tar.gz"
+    create(out, tmp_path / "c", {TARGET: [variant]})
+    return out
+
+
+def test_a_large_binary_is_not_held_to_the_json_cap(tmp_path, runtime):
+    """The cubin is only hashed: the cap on the files that are parsed does not apply to it."""
+    out = _with_big_cubin(tmp_path, 5000)
+    assert verify(out, Limits(json_file_bytes=1000)).entries == 1
+
+
+def test_metadata_over_the_json_cap_is_named(tmp_path, runtime):
+    out = _with_big_cubin(tmp_path, 5000)
+    members = {info.name: data for info, data in _members(out)}
+    [(name, data)] = [(n, d) for n, d in members.items() if n.endswith("/rms_norm_kernel.json")]
+    assert all(len(d) > len(data) for n, d in members.items() if "__grp__" in n)
+    message = _refused(out, f"member {name!r} ({len(data)} bytes) is over the limit of {len(data) - 1} bytes for an "
+                            "entry's group or metadata", Limits(json_file_bytes=len(data) - 1))
+    assert message.startswith(f"{out}: ")
 
 
 @pytest.mark.parametrize("group", [b"not json", b"[]", b'{"other": 1}', b'{"child_paths": {}}'])
