@@ -760,8 +760,10 @@ def test_a_variant_lock_excludes_another_process(tmp_path):
 
 
 def test_new_files_get_the_mode_a_plain_open_would(tmp_path):
-    previous = os.umask(0o027)
+    previous = os.umask(0o022)
     try:
+        assert file_mode() == 0o644  # the usual umask: readable by all, no one executes it
+        os.umask(0o027)
         assert file_mode() == 0o640
         assert os.umask(0o027) == 0o027  # the umask is left as it was
         write_json_atomic(tmp_path / "a.json", {"x": 1})
