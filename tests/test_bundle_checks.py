@@ -818,6 +818,23 @@ def test_a_large_binary_is_not_held_to_the_json_cap(tmp_path, runtime):
     assert verify(out, Limits(json_file_bytes=1000)).entries == 1
 
 
+def test_metadata_larger_than_one_read_is_parsed_whole(tmp_path, runtime):
+    """A caller that raises the cap on parsed files gets metadata over a MiB (read in parts) checked whole."""
+    variant = _variant(1)
+    _warm(tmp_path / "c", [variant])
+    metadata = tmp_path / "c" / variant.entry_dir / "rms_norm_kernel.json"
+    head, tail = '{"notes": "', '", "hash": "'
+    notes = "n" * ((1 << 20) - 10 - len(head) - len(tail))  # the first MiB ends inside the hash
+    metadata.write_text(f'{head}{notes}{tail}{variant.cache_hash}"}}')
+    assert json.loads(metadata.read_text())["hash"] == variant.cache_hash
+    rows = Manifest(tmp_path / "c", TARGET).read()
+    rows[variant.cache_hash]["files"]["rms_norm_kernel.json"] = _sha(metadata.read_bytes())
+    Manifest(tmp_path / "c", TARGET).update(rows)
+    out = tmp_path / "b.tar.gz"
+    create(out, tmp_path / "c", {TARGET: [variant]})
+    assert verify(out, Limits(json_file_bytes=2 << 20)).entries == 1
+
+
 def test_metadata_over_the_json_cap_is_named(tmp_path, runtime):
     out = _with_big_cubin(tmp_path, 5000)
     members = {info.name: data for info, data in _members(out)}
