@@ -250,6 +250,14 @@ def test_a_collapse_whose_class_launches_two_variants_is_split_where_they_change
                      "n: {range: [1, 999], collapse: true} and {range: [1000, 4096], collapse: true}")
 
 
+def test_the_advice_of_an_unsound_collapse_is_the_same_on_every_check(tmp_path, user_code):
+    """Warm-up and check trace the same samples, so they print the same line."""
+    _, name = user_code(rule="256 if n >= 1000 and n % 16 else 128")
+    _, first = _collapse_errors(tmp_path, name)
+    for _ in range(3):
+        assert _collapse_errors(tmp_path, name)[1] == first
+
+
 def test_the_split_of_a_multiple_of_16_class_is_found_among_multiples_of_16(tmp_path, user_code):
     _, name = user_code(rule="256 if n >= 1000 and n % 16 == 0 else 128")
     _, [error] = _collapse_errors(tmp_path, name)
