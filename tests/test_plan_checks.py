@@ -166,6 +166,15 @@ def test_rows_failing_alike_are_said_once_with_their_count(tmp_path, user_code):
     assert not any("launched no Triton kernel" in e for e in result.errors)  # the failure is the news
 
 
+def test_rows_failing_for_different_reasons_are_all_failed_rows(tmp_path, user_code):
+    _, name = user_code()
+    path = _spec(tmp_path, name, axes=_n_axis() + "  mode: [fail, type]\n",
+                 args="  x: {tensor: [4096], dtype: float32}\n  n: $n\n  mode: $mode\n")
+    result = plan(load_specs([path]), SM90)
+    assert result.failed_rows == ["spec.yaml#0 (n=8, mode=fail)", "spec.yaml#1 (n=8, mode=type)"]
+    assert len(result.errors) == 2
+
+
 def test_a_launcher_raising_type_error_itself_is_told_as_its_own_error(tmp_path, user_code):
     _, name = user_code()
     path = _spec(tmp_path, name, axes=_n_axis() + "  mode: [type]\n",
@@ -372,7 +381,7 @@ def test_merging_the_same_variant_joins_its_rows_and_is_autotuned_only_if_both_a
     a.variants = {"h1": _variant("h1", ["r1", "r2"], autotuned=True)}
     b.variants = {"h1": _variant("h1", ["r2", "r3"], autotuned=False), "h2": _variant("h2", ["r4"], autotuned=True)}
     a.merge(b)
-    assert a.variants["h1"].rows == ["r1", "r2", "r3"] and not a.variants["h1"].autotuned
+    assert a.variants["h1"].rows == ["r1", "r2", "r3"] and a.variants["h1"].autotuned is False
     assert a.variants["h2"].rows == ["r4"] and a.variants["h2"].autotuned
     c = Plan(SM90)
     c.variants = {"h2": _variant("h2", ["r5"], autotuned=False)}
@@ -616,6 +625,7 @@ def test_trace_rows_counts_rows_and_keeps_tritons_variants(tmp_path, user_code):
                                                   ("large", lambda: module.launcher(x, 24)),
                                                   ("nothing", lambda: None)])
     assert result.rows == 3 and result.unreachable == ["nothing"] and len(result.variants) == 2
+    assert result.target is SM90
     assert cap.keys_of("small") | cap.keys_of("large") == set(result.variants)
     assert {v.import_path for v in result.variants.values()} == {"m:launcher"}  # what a worker imports
 
