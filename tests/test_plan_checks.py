@@ -388,6 +388,7 @@ def test_merging_the_same_variant_joins_its_rows_and_is_autotuned_only_if_both_a
     a.merge(c)
     assert not a.variants["h2"].autotuned and a.variants["h2"].rows == ["r4", "r5"]
     assert b.variants["h2"].autotuned  # the merged plan holds its own copy of what it took
+    assert b.variants["h2"].rows == ["r4"]  # rows merged later do not reach the partial plan it came from
 
 
 def test_a_plan_reads_back_what_it_wrote():

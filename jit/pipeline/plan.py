@@ -8,6 +8,7 @@ variants (vLLM #53567). Nothing here compiles or writes the cache, except the pl
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import threading
 from collections.abc import Callable, Iterable
@@ -50,7 +51,7 @@ class Plan:
         for variant in other.variants.values():
             known = self.variants.get(variant.cache_hash)
             if known is None:
-                self.variants[variant.cache_hash] = Variant.from_json(variant.to_json())
+                self.variants[variant.cache_hash] = Variant.from_json(copy.deepcopy(variant.to_json()))
             else:
                 known.rows += [r for r in variant.rows if r not in known.rows]
                 known.autotuned = known.autotuned and variant.autotuned
@@ -246,6 +247,9 @@ _ENVIRON = type(os.environ)  # os._Environ: os.environ[...], .get, os.getenv and
 _environ_getitem = _ENVIRON.__getitem__
 
 
+# pragma: no mutate start
+# (installed as os.environ's __getitem__: a wrapper around these that reads the environment, as
+# mutmut's trampoline does, would call itself without end)
 def _recorded_getitem(environ, name):
     try:
         value = _environ_getitem(environ, name)
@@ -259,6 +263,7 @@ def _recorded_getitem(environ, name):
 def _remember(name, value: str | None) -> None:
     for read in list(_readers):
         read.setdefault(str(name), value)
+# pragma: no mutate end
 
 
 @contextlib.contextmanager
