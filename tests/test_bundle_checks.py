@@ -761,7 +761,8 @@ def test_one_entry_filed_twice_must_hold_the_same_files(bundled, tmp_path, runti
         row["files"] = {**row["files"], "rms_norm_kernel.ptx": "0" * 64}
 
     out = _rewrite(bundled[0], tmp_path / "other.tar.gz", other_files)
-    _refused(out, ": the same entry appears twice with different files")
+    first = next(iter(read_header(bundled[0])["targets"][TARGET]))
+    _refused(out, f"{HEADER_NAME}: targets.gfx942.{first[:16]}: the same entry appears twice with different files")
 
 
 # ------------------------------------------------------------------------------------------- members
