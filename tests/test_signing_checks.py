@@ -186,6 +186,7 @@ SCRYPT_LIMITS = [
     pytest.param(1 << 16, 1 << 20, 10, 2, id="N-from-memlimit-p-from-opslimit"),
     pytest.param(1 << 19, 1 << 20, 10, 16, id="p-16"),
     pytest.param(1 << 20, 1 << 26, 15, 1, id="32-MiB-past-OpenSSLs-default"),
+    pytest.param(1 << 22, 1 << 28, 17, 1, id="128-MiB-past-the-64-MiB-allowance"),
 ]
 
 
