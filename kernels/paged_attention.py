@@ -84,6 +84,15 @@ def _attend_tokens(q, q_tail, key_ptr, value_ptr, table_row, token_lo, token_hi,
 
 
 @triton.jit
+def _normalized(acc, row_max, row_sum):
+    """A split's output and log-sum-exp (base 2). row_sum is 0 only for a split with no tokens (lse
+    -inf: the combine skips it); a NaN (a non-finite key) stays NaN in both, which the combine
+    propagates (a -inf lse would drop the split silently)."""
+    safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
+    return acc / safe_sum[:, None], tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
+
+
+@triton.jit
 def _attend_tile(q, q_tail, key_ptr, value_ptr, table_row, token_start, token_hi, ids, row_max, row_sum, acc,
                  cache_block_stride, cache_token_stride, head_offset, scale_log2,
                  PAGE_SIZE: tl.constexpr, KEY_DIM: tl.constexpr, VALUE_DIM: tl.constexpr,
@@ -212,9 +221,7 @@ def paged_decode_attention_split_kernel(
         # A request inside the range with no blocks (seq_len 0) has no split slot: write nothing.
         # (One vector comparison, not scalar & vector, which the interpreter turns into an int32 mask.)
         live_heads = group_row < tl.where(token_hi > token_lo, HEADS_PER_KV, 0)
-        safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)  # NaN (a non-finite key) stays NaN
-        out = acc / safe_sum[:, None]
-        lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
+        out, lse = _normalized(acc, row_max, row_sum)
         partial_rows = partial_out_ptr + split * partial_split_stride + heads[:, None] * partial_head_stride
         tl.store(partial_rows + dv[None, :], out, mask=live_heads[:, None] & dv_mask[None, :])
         tl.store(partial_lse_ptr + split * lse_split_stride + heads, lse, mask=live_heads)
@@ -274,11 +281,7 @@ def paged_decode_attention_grid_split_kernel(
         PAGE_SIZE, KEY_DIM, VALUE_DIM, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_D_TAIL, BLOCK_DV, VALUE_IS_KEY,
         TABLE_AHEAD)
 
-    # row_sum is 0 only for a split with no tokens; a NaN (a non-finite key) stays NaN, in the output
-    # and in the lse, which the combine propagates (a -inf lse would drop the split silently)
-    safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
-    out = acc / safe_sum[:, None]
-    lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
+    out, lse = _normalized(acc, row_max, row_sum)
     # An empty split stores no partial row (no write traffic); its lse -inf tells the combine to skip it.
     live_heads = group_row < tl.where(token_hi > token_lo, HEADS_PER_KV, 0)
     partial_rows = partial_out_ptr + slot * partial_split_stride + heads[:, None] * partial_head_stride
